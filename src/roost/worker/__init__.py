@@ -1,0 +1,1 @@
+"""The worker runtime library: register, heartbeat, leases and drain."""
