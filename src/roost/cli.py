@@ -15,3 +15,12 @@ def main() -> None:
     Placement: an EC2-compatible gateway sends each launch only to a node with room.
     Autoscaling: a leader-elected controller sizes worker pools from queue demand.
     """
+
+
+def _register() -> None:
+    from roost.node.cli import node
+
+    main.add_command(node)
+
+
+_register()

@@ -1,1 +1,2 @@
-"""The node agent: the authoritative ledger, capacity-gated subscriptions, instance drivers and local state."""
+"""The node agent: the authoritative ledger, capacity-gated subscriptions, instance drivers
+and local state."""

@@ -1,0 +1,3 @@
+from roost.cli import main
+
+main()

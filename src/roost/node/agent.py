@@ -1,0 +1,428 @@
+"""The node agent: the authority on one host's capacity.
+
+Start-up order matters: local state is read and running instances are re-adopted into
+the ledger *before* the agent subscribes to anything, so a restarted node never
+advertises room that its surviving instances already hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+
+from roost.bus import schemas as s
+from roost.bus import subjects
+from roost.bus.connect import connect, key_value
+from roost.domain.catalog import BUILTIN, Catalog
+from roost.domain.host import HostCapacity
+from roost.domain.images import IMAGES
+from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
+from roost.node.drivers import InstanceDriver, StartSpec, make_driver
+from roost.node.ledger import Ledger
+from roost.node.state import NodeState
+from roost.node.subscriptions import TypeSubscriptions
+
+log = logging.getLogger(__name__)
+St = InstanceState
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+@dataclass
+class NodeConfig:
+    node_id: str
+    nats_urls: list[str]
+    data_dir: Path
+    host: HostCapacity
+    catalog: Catalog = field(default_factory=lambda: BUILTIN)
+    driver: str = "process"
+    availability_zone: str = "roost-1a"
+    heartbeat_seconds: float = 2.0
+    stop_grace_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        subjects.check_node_id(self.node_id)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_instance_id() -> str:
+    return "i-" + secrets.token_hex(9)[:17]
+
+
+class NodeAgent:
+    def __init__(self, config: NodeConfig, *, driver: InstanceDriver | None = None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.driver = driver or make_driver(config.driver)
+        self.ledger = Ledger(config.host, config.catalog)
+        self.state = NodeState(config.data_dir / "node.sqlite3")
+        self.boot_id = uuid.uuid4().hex
+        self.draining = False
+        self.stopped = asyncio.Event()
+        self._records: dict[str, s.InstanceRecord] = {}
+        self._seq = 0
+        self._inflight: dict[str, asyncio.Future[s.LaunchReply]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._nc: Client | None = None
+        self._kv: KeyValue | None = None
+        self._subs: TypeSubscriptions | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    # --- start, drain, stop -------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._readopt()
+        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
+        self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
+        for rec in self._records.values():
+            await self._kv.put(rec.instance_id, s.encode(rec))
+        nc = self._nc
+        await nc.subscribe(subjects.node_launch(self.node_id), cb=self._spawn(self._on_launch))
+        await nc.subscribe(subjects.node_command(self.node_id), cb=self._spawn(self._on_command))
+        await nc.subscribe(subjects.node_drain(self.node_id), cb=self._spawn(self._on_drain))
+        await nc.subscribe(subjects.DESCRIBE_INSTANCE_TYPES, cb=self._on_describe_types)
+        await nc.subscribe(subjects.LAUNCH_LOOKUP, cb=self._on_lookup)
+        self._subs = TypeSubscriptions(nc, self._spawn(self._on_launch))
+        await self._changed()
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop())
+        log.info("node %s up: %d instances adopted, %d types fit", self.node_id,
+                 len(self.ledger.allocations), len(self._subs.types))
+
+    async def _readopt(self) -> None:
+        for stored in self.state.all():
+            rec = stored.record
+            self._records[rec.instance_id] = rec
+            state = St(rec.state)
+            if not state.holds_capacity:
+                continue
+            itype = self.config.catalog.get(rec.instance_type)
+            if itype is None:
+                log.error("instance %s has unknown type %s; not counted", rec.instance_id,
+                          rec.instance_type)
+                continue
+            self.ledger.adopt(rec.instance_id, itype, tuple((d, m) for d, m in rec.gpus))
+            if self.driver.adopt(rec.instance_id, stored.process, self._on_exit):
+                continue
+            # Its process is gone (it ended while the agent was down, or the host
+            # rebooted): record what we know instead of advertising a ghost.
+            target = St.TERMINATED if state is St.SHUTTING_DOWN else St.STOPPED
+            if state is St.STOPPING:
+                target = St.STOPPED
+            await self._move(rec.instance_id, target, reason="Server.InstanceProcessGone",
+                             note="the instance's process was gone when the node agent restarted",
+                             announce=False)
+            self.ledger.release(rec.instance_id)
+
+    async def drain(self) -> None:
+        """Stop advertising and refuse new launches; running instances keep running."""
+        if self.draining:
+            return
+        self.draining = True
+        await self._changed()
+        log.info("node %s draining", self.node_id)
+
+    async def stop(self) -> None:
+        await self.drain()
+        if self._heartbeat:
+            self._heartbeat.cancel()
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.driver.close()
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.drain()
+        self.state.close()
+        self.stopped.set()
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _spawn(self, handler: Callable[[Msg], Coroutine[Any, Any, None]]) -> Handler:
+        """A callback that handles each message in its own task, so one slow launch
+        never holds up the subscription, and a subscription drain never waits on the
+        handler that triggered it."""
+
+        async def cb(msg: Msg) -> None:
+            self._track(handler(msg))
+
+        return cb
+
+    async def _move(
+        self, instance_id: str, target: InstanceState, *, reason: str = "", note: str = "",
+        announce: bool = True, **changes: object,
+    ) -> s.InstanceRecord:
+        rec = self._records[instance_id]
+        check_transition(St(rec.state), target)
+        rec = msgspec.structs.replace(
+            rec, state=target.value, state_reason=reason,
+            state_transition_reason=note or rec.state_transition_reason,
+            updated_at=now_iso(), **changes,
+        )
+        self._records[instance_id] = rec
+        self.state.put(rec)
+        if announce and self._kv is not None:
+            await self._kv.put(instance_id, s.encode(rec))
+        return rec
+
+    async def _changed(self) -> None:
+        """After any allocate, release or drain: fix subscriptions, then tell the world."""
+        assert self._subs is not None
+        wanted = frozenset() if self.draining else self.ledger.fitting_types()
+        await self._subs.sync(wanted)
+        await self._publish_snapshot()
+
+    def snapshot(self) -> s.CapacitySnapshot:
+        self._seq += 1
+        free, alloc = self.ledger.free, self.config.host.allocatable
+        return s.CapacitySnapshot(
+            node_id=self.node_id, boot_id=self.boot_id, seq=self._seq,
+            availability_zone=self.config.availability_zone, draining=self.draining,
+            alloc_cpu_milli=alloc.cpu_milli, alloc_mem_mib=alloc.mem_mib,
+            free_cpu_milli=free.resources.cpu_milli, free_mem_mib=free.resources.mem_mib,
+            gpu_free=list(free.gpu_free), gpu_models=list(free.gpu_models),
+            fit={} if self.draining else self.ledger.fit_counts(),
+            instances=len(self.ledger.allocations),
+            heartbeat_seconds=self.config.heartbeat_seconds, sent_at=time.time(),
+        )
+
+    async def _publish_snapshot(self) -> None:
+        if self._nc is not None and self._nc.is_connected:
+            await self._nc.publish(subjects.capacity(self.node_id), s.encode(self.snapshot()))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_seconds)
+            try:
+                await self._publish_snapshot()
+            except Exception:  # a NATS hiccup must not end the heartbeat for good
+                log.exception("node %s: heartbeat failed", self.node_id)
+
+    async def _reply(self, msg: Msg, body: s.Msg) -> None:
+        if msg.reply:
+            await msg.respond(s.encode(body))
+
+    # --- launches ---------------------------------------------------------------------
+
+    async def _on_launch(self, msg: Msg) -> None:
+        try:
+            req = s.decode(msg.data, s.LaunchRequest)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            await self._reply(msg, s.LaunchReply(launch_id="", ok=False, node_id=self.node_id,
+                                                 error="bad_request", message=str(exc)))
+            return
+        pending = self._inflight.get(req.launch_id)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._inflight[req.launch_id] = pending
+            try:
+                pending.set_result(await self._launch(req))
+            except Exception as exc:
+                log.exception("node %s: launch %s failed", self.node_id, req.launch_id)
+                pending.set_result(s.LaunchReply(launch_id=req.launch_id, ok=False,
+                                                 node_id=self.node_id, error="internal",
+                                                 message=str(exc)))
+            finally:
+                del self._inflight[req.launch_id]
+        await self._reply(msg, await asyncio.shield(pending))
+
+    async def _launch(self, req: s.LaunchRequest) -> s.LaunchReply:
+        def refuse(error: s.LaunchError, message: str) -> s.LaunchReply:
+            return s.LaunchReply(launch_id=req.launch_id, ok=False, node_id=self.node_id,
+                                 error=error, message=message)
+
+        seen = self.state.by_launch(req.launch_id)
+        if seen is not None:  # a retry of a launch this node already made
+            return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
+                                 instance=self._records[seen.record.instance_id])
+        if self.draining:
+            return refuse("no_capacity", f"node {self.node_id} is draining")
+        itype = self.config.catalog.get(req.instance_type)
+        if itype is None:
+            return refuse("unknown_type", f"unknown instance type {req.instance_type!r}")
+        image = IMAGES.get(req.image_id)
+        if image is None:
+            return refuse("bad_request", f"unknown image {req.image_id!r}")
+        instance_id = new_instance_id()
+        alloc = self.ledger.allocate(instance_id, itype)
+        if alloc is None:
+            return refuse("no_capacity", f"node {self.node_id} can't fit {itype.name}")
+        now = now_iso()
+        rec = s.InstanceRecord(
+            instance_id=instance_id, node_id=self.node_id, instance_type=itype.name,
+            image_id=req.image_id, state=St.PENDING.value, launch_id=req.launch_id,
+            reservation_id=req.reservation_id, launch_time=now,
+            availability_zone=self.config.availability_zone, tags=dict(req.tags),
+            client_token=req.client_token, owner_id=req.owner_id,
+            ami_launch_index=req.ami_launch_index, gpus=[list(g) for g in alloc.gpus],  # type: ignore[misc]
+            updated_at=now,
+        )
+        self._records[instance_id] = rec
+        self.state.put(rec, user_data=req.user_data)
+        assert self._kv is not None
+        await self._kv.put(instance_id, s.encode(rec))
+        await self._changed()
+        self._track(self._boot(instance_id, req.user_data))
+        return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
+                             instance=rec)
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _boot(self, instance_id: str, user_data: str) -> None:
+        rec = self._records[instance_id]
+        spec = StartSpec(instance_id, rec.instance_type, IMAGES[rec.image_id], user_data,
+                         self.config.data_dir / "instances" / instance_id)
+        try:
+            ref = await self.driver.start(spec, self._on_exit)
+        except OSError as exc:
+            log.error("node %s: %s failed to start: %s", self.node_id, instance_id, exc)
+            await self._move(instance_id, St.STOPPED, reason="Server.InternalError",
+                             note=f"failed to start: {exc}")
+            self.ledger.release(instance_id)
+            await self._changed()
+            return
+        self.state.set_process(instance_id, ref)
+        if St(self._records[instance_id].state) is St.PENDING:
+            await self._move(instance_id, St.RUNNING)
+
+    async def _on_exit(self, instance_id: str, code: int | None) -> None:
+        """The instance's process ended on its own: EC2's instance-initiated shutdown."""
+        if St(self._records[instance_id].state) not in (St.PENDING, St.RUNNING):
+            return  # a stop or terminate is already moving it
+        await self._move(instance_id, St.STOPPED, reason="Client.InstanceInitiatedShutdown",
+                         note=f"process exited with {code}", exit_code=code)
+        self.ledger.release(instance_id)
+        await self._changed()
+
+    # --- lifecycle commands -------------------------------------------------------------
+
+    async def _on_command(self, msg: Msg) -> None:
+        try:
+            cmd = s.decode(msg.data, s.InstanceCommand)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            await self._reply(msg, s.CommandReply(ok=False, error="InvalidParameterValue",
+                                                  message=str(exc)))
+            return
+        rec = self._records.get(cmd.instance_id)
+        if rec is None:
+            reply = s.CommandReply(ok=False, error="InvalidInstanceID.NotFound",
+                                   message=f"instance {cmd.instance_id} is not on {self.node_id}")
+        else:
+            reply = await self.command(cmd.op, cmd.instance_id)
+        await self._reply(msg, reply)
+
+    async def command(self, op: s.CommandOp, instance_id: str) -> s.CommandReply:
+        """Apply a stop/start/terminate/describe. Stop and terminate answer at once with
+        the transitional state, as EC2 does, and finish in the background."""
+        before = St(self._records[instance_id].state)
+        if op == "describe":
+            rec = self._records[instance_id]
+        elif op == "terminate":
+            rec = await self._terminate(instance_id, before)
+        elif op == "stop":
+            if before in (St.SHUTTING_DOWN, St.TERMINATED):
+                return self._incorrect(instance_id, op, before)
+            rec = await self._stop(instance_id, before)
+        else:
+            if before in (St.SHUTTING_DOWN, St.TERMINATED, St.STOPPING):
+                return self._incorrect(instance_id, op, before)
+            started = await self._start(instance_id, before)
+            if started is None:
+                return s.CommandReply(ok=False, previous_state=before.value,
+                                      error="InsufficientInstanceCapacity",
+                                      message=f"node {self.node_id} has no room to start "
+                                              f"{instance_id} again")
+            rec = started
+        return s.CommandReply(ok=True, instance=rec, previous_state=before.value)
+
+    def _incorrect(self, instance_id: str, op: str, state: InstanceState) -> s.CommandReply:
+        return s.CommandReply(ok=False, previous_state=state.value, error="IncorrectInstanceState",
+                              message=f"cannot {op} instance {instance_id} while it is {state}")
+
+    async def _terminate(self, instance_id: str, before: InstanceState) -> s.InstanceRecord:
+        if before in (St.SHUTTING_DOWN, St.TERMINATED):
+            return self._records[instance_id]
+        rec = await self._move(instance_id, St.SHUTTING_DOWN, note="User initiated")
+        self._track(self._finish(instance_id, St.TERMINATED, "Client.UserInitiatedShutdown"))
+        return rec
+
+    async def _stop(self, instance_id: str, before: InstanceState) -> s.InstanceRecord:
+        if before in (St.STOPPING, St.STOPPED):
+            return self._records[instance_id]
+        rec = await self._move(instance_id, St.STOPPING, note="User initiated")
+        self._track(self._finish(instance_id, St.STOPPED, "Client.UserInitiatedShutdown"))
+        return rec
+
+    async def _finish(self, instance_id: str, target: InstanceState, reason: str) -> None:
+        await self.driver.stop(instance_id, grace=self.config.stop_grace_seconds)
+        current = St(self._records[instance_id].state)
+        if current is target or target not in TRANSITIONS[current]:
+            return  # a terminate overtook a stop; its own task finishes the move
+        await self._move(instance_id, target, reason=reason)
+        if self.ledger.release(instance_id):
+            await self._changed()
+
+    async def _start(self, instance_id: str, before: InstanceState) -> s.InstanceRecord | None:
+        if before in (St.PENDING, St.RUNNING):
+            return self._records[instance_id]
+        rec = self._records[instance_id]
+        itype = self.config.catalog[rec.instance_type]
+        alloc = self.ledger.allocate(instance_id, itype)
+        if alloc is None:
+            return None
+        rec = await self._move(instance_id, St.PENDING, note="User initiated",
+                               gpus=[list(g) for g in alloc.gpus], exit_code=None)
+        await self._changed()
+        stored = self.state.get(instance_id)
+        self._track(self._boot(instance_id, stored.user_data if stored else ""))
+        return rec
+
+    # --- control and fan-out ----------------------------------------------------------
+
+    async def _on_drain(self, msg: Msg) -> None:
+        try:
+            req = s.decode(msg.data, s.DrainRequest) if msg.data else s.DrainRequest()
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            req = s.DrainRequest()
+        await self.drain()
+        await self._reply(msg, s.DrainReply(node_id=self.node_id, draining=True,
+                                            instances=len(self.ledger.allocations)))
+        if req.shutdown:
+            self._track(self.stop())
+
+    async def _on_describe_types(self, msg: Msg) -> None:
+        counts = {} if self.draining else self.ledger.fit_counts()
+        types = [
+            s.TypeInfo(name=t.name, cpu_milli=t.cpu_milli, mem_mib=t.mem_mib,
+                       gpu_count=t.gpu_count, gpu_milli=t.gpu_milli, gpu_model=t.gpu_model,
+                       free=counts.get(t.name, 0))
+            for t in self.config.catalog.values()
+        ]
+        await self._reply(msg, s.DescribeTypesReply(node_id=self.node_id, types=types))
+
+    async def _on_lookup(self, msg: Msg) -> None:
+        try:
+            req = s.decode(msg.data, s.LaunchLookup)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            return
+        seen = self.state.by_launch(req.launch_id)
+        if seen is not None:
+            await self._reply(msg, s.LaunchReply(
+                launch_id=req.launch_id, ok=True, node_id=self.node_id,
+                instance=self._records[seen.record.instance_id]))
+

@@ -1,0 +1,92 @@
+"""The node's authoritative allocation: what is committed, and what fits now.
+
+Every launch on this node goes through `Ledger.allocate`, which checks and commits
+under one lock. The lock is a threading lock, not an asyncio one, so the check and
+the commit can't be split by an ``await`` and stay atomic even if a driver thread
+releases concurrently.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from roost.domain.catalog import Catalog, InstanceType
+from roost.domain.fit import FreeCapacity, GpuAssignment, assign_gpus, fit_count, give, take
+from roost.domain.host import HostCapacity
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    instance_id: str
+    itype: InstanceType
+    gpus: GpuAssignment
+
+
+class Ledger:
+    def __init__(self, host: HostCapacity, catalog: Catalog) -> None:
+        self.host = host
+        self.catalog = catalog
+        self._lock = threading.Lock()
+        self._free = host.empty()
+        self._allocs: dict[str, Allocation] = {}
+
+    @property
+    def free(self) -> FreeCapacity:
+        return self._free
+
+    @property
+    def allocations(self) -> dict[str, Allocation]:
+        with self._lock:
+            return dict(self._allocs)
+
+    def allocate(self, instance_id: str, itype: InstanceType) -> Allocation | None:
+        """Commit ``itype`` for ``instance_id`` if it fits; None if it doesn't.
+
+        Allocating an id that already holds an allocation returns that allocation: a
+        repeated launch must not take capacity twice.
+        """
+        with self._lock:
+            if instance_id in self._allocs:
+                return self._allocs[instance_id]
+            if not self._free.resources.covers(itype.resources):
+                return None
+            gpus = assign_gpus(self._free, itype)
+            if gpus is None:
+                return None
+            alloc = Allocation(instance_id, itype, gpus)
+            self._free = take(self._free, itype, gpus)
+            self._allocs[instance_id] = alloc
+            return alloc
+
+    def adopt(self, instance_id: str, itype: InstanceType, gpus: GpuAssignment) -> Allocation:
+        """Re-enter an allocation that survived an agent restart, on the same devices.
+
+        It is committed even if the node now looks over-full (say, its reserve grew):
+        the instance is running, and the ledger must describe what is, so the node
+        stops advertising until enough is released.
+        """
+        with self._lock:
+            if instance_id in self._allocs:
+                return self._allocs[instance_id]
+            alloc = Allocation(instance_id, itype, gpus)
+            self._free = take(self._free, itype, gpus)
+            self._allocs[instance_id] = alloc
+            return alloc
+
+    def release(self, instance_id: str) -> bool:
+        """Free ``instance_id``'s allocation; False if it held none (already released)."""
+        with self._lock:
+            alloc = self._allocs.pop(instance_id, None)
+            if alloc is None:
+                return False
+            self._free = give(self._free, alloc.itype, alloc.gpus)
+            return True
+
+    def fit_counts(self) -> dict[str, int]:
+        free = self._free
+        return {name: fit_count(free, t) for name, t in self.catalog.items()}
+
+    def fitting_types(self) -> frozenset[str]:
+        """The types of which one more fits now: the node's launch subscriptions."""
+        return frozenset(name for name, n in self.fit_counts().items() if n > 0)

@@ -1,0 +1,149 @@
+"""Capacity-gated routing over a real nats-server: a launch reaches only nodes with room."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from roost.domain.catalog import BUILTIN
+from roost.domain.resources import Resources
+from roost.embedded import NatsServer
+from tests.nodes import client, command, launch, running_nodes, wait_state
+
+
+def fitting(free: Resources) -> set[str]:
+    return {t.name for t in BUILTIN.values()
+            if not t.gpu_total_milli and free.covers(t.resources)}
+
+
+async def test_subscribes_only_to_types_that_fit(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_nodes([nats_server.url], ["4vcpu,16GiB"], tmp_path) as [node], \
+            client(nats_server.url) as nc:
+        assert node._subs is not None
+        assert node._subs.types == fitting(Resources(4000, 16384))
+        assert "m7i.xlarge" in node._subs.types and "m7i.2xlarge" not in node._subs.types
+
+        reply = await launch(nc, "m7i.large")  # 2 vCPU, 8 GiB
+        assert reply is not None and reply.ok and reply.instance is not None
+        after = fitting(Resources(2000, 8192))
+        assert node._subs.types == after
+        dropped = fitting(Resources(4000, 16384)) - after
+        assert "m7i.xlarge" in dropped
+        # The server has seen the UNSUB: a dropped type has no responders at all.
+        assert await launch(nc, "m7i.xlarge") is None
+
+        term = await command(nc, "n1", "terminate", reply.instance.instance_id)
+        assert term.ok
+        await wait_state(nc, "n1", reply.instance.instance_id, "terminated")
+        assert node._subs.types == fitting(Resources(4000, 16384))
+        again = await launch(nc, "m7i.xlarge")
+        assert again is not None and again.ok
+
+
+async def test_type_no_node_fits_gets_no_responders_not_a_timeout(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with running_nodes([nats_server.url], ["4vcpu,16GiB"] * 2, tmp_path), \
+            client(nats_server.url) as nc:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await launch(nc, "m7i.24xlarge", timeout=10) is None
+        # No-responders comes back from the server at once; a timeout would take 10 s.
+        assert loop.time() - started < 5
+
+
+async def test_full_node_never_gets_requests_for_that_type(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    specs = ["2vcpu,8GiB", "8vcpu,32GiB", "8vcpu,32GiB"]
+    async with running_nodes([nats_server.url], specs, tmp_path) as nodes, \
+            client(nats_server.url) as nc:
+        first = await launch(nc, "t3.large", node_id="n1")  # 2 vCPU, 8 GiB: n1 is now full
+        assert first is not None and first.ok
+        assert nodes[0]._subs is not None and "t3.medium" not in nodes[0]._subs.types
+        # One at a time, so each request sees the subscriptions the last one left:
+        # the 8 slots of n2 and n3 all fill, and n1 is never asked.
+        replies = [await launch(nc, "t3.medium") for _ in range(8)]
+        assert all(r is not None and r.ok for r in replies)
+        assert {r.node_id for r in replies if r} == {"n2", "n3"}
+        assert await launch(nc, "t3.medium") is None
+
+
+async def test_last_slot_race_gives_one_allocation_and_explicit_refusals(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    async with running_nodes([nats_server.url], ["2vcpu,8GiB"], tmp_path) as [node], \
+            client(nats_server.url) as nc:
+        replies = await asyncio.gather(*(launch(nc, "m7i.large", node_id="n1")
+                                         for _ in range(50)))
+        ok = [r for r in replies if r is not None and r.ok]
+        refused = [r for r in replies if r is not None and not r.ok]
+        assert len(ok) == 1
+        assert len(refused) == 49 and {r.error for r in refused} == {"no_capacity"}
+        assert node.ledger.free.resources == Resources(0, 0)
+
+
+async def test_fifty_concurrent_anycast_requests_never_overcommit(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    specs = ["4vcpu,16GiB", "6vcpu,24GiB"]  # room for 2 + 3 m7i.large
+    async with running_nodes([nats_server.url], specs, tmp_path) as nodes, \
+            client(nats_server.url) as nc:
+        replies = await asyncio.gather(*(launch(nc, "m7i.large", timeout=10)
+                                         for _ in range(50)))
+        ok = [r for r in replies if r is not None and r.ok]
+        # Every request got an answer: success, an explicit refusal, or no responders.
+        explicit = [r for r in replies if r is not None and not r.ok]
+        assert all(r.error == "no_capacity" for r in explicit)
+        assert len(ok) == 5
+        for node in nodes:
+            assert not node.ledger.free.resources.is_negative()
+            assert node.ledger.free.resources == Resources(0, 0)
+        assert await launch(nc, "m7i.large") is None
+
+
+async def test_drained_node_gets_no_launches(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_nodes([nats_server.url], ["8vcpu,32GiB"] * 2, tmp_path) as nodes, \
+            client(nats_server.url) as nc:
+        await nodes[0].drain()
+        replies = await asyncio.gather(*(launch(nc, "t3.micro") for _ in range(4)))
+        assert all(r is not None and r.ok and r.node_id == "n2" for r in replies)
+        targeted = await launch(nc, "t3.micro", node_id="n1")
+        assert targeted is not None and targeted.error == "no_capacity"
+        await nodes[1].drain()
+        assert await launch(nc, "t3.micro") is None
+
+
+async def test_duplicate_launch_id_launches_once(nats_server: NatsServer, tmp_path: Path) -> None:
+    async with running_nodes([nats_server.url], ["8vcpu,32GiB"], tmp_path) as [node], \
+            client(nats_server.url) as nc:
+        replies = await asyncio.gather(*(launch(nc, "m7i.large", node_id="n1", launch_id="L1")
+                                         for _ in range(5)))
+        ids = {r.instance.instance_id for r in replies if r and r.instance}
+        assert len(ids) == 1
+        assert len(node.ledger.allocations) == 1
+
+
+@pytest.mark.cluster
+async def test_routing_over_three_server_cluster(nats_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    node_url, client_url = nats_cluster.urls[0], nats_cluster.urls[2]
+    async with running_nodes([[node_url], [node_url]], ["2vcpu,8GiB", "8vcpu,32GiB"],
+                             tmp_path) as nodes, client(client_url) as nc:
+        # Interest crosses the routes asynchronously: wait until the far server sees it.
+        deadline = asyncio.get_running_loop().time() + 10
+        while await launch(nc, "t3.nano", node_id=None) is None:
+            assert asyncio.get_running_loop().time() < deadline, "interest never propagated"
+            await asyncio.sleep(0.1)
+        full = await launch(nc, "t3.large", node_id="n1")
+        assert full is not None and full.ok
+        replies = await asyncio.gather(*(launch(nc, "t3.medium") for _ in range(10)))
+        # n1 may still be reachable for a moment through a route that hasn't seen the
+        # UNSUB; it must then answer explicitly, never time out.
+        assert all(r is not None for r in replies)
+        assert all(r.node_id == "n2" for r in replies if r and r.ok)
+        assert all(r.error == "no_capacity" for r in replies if r and not r.ok)
+        assert nodes[0].ledger.free.resources == Resources(0, 0)
+        # A type nobody can fit: no responders from the far server too.
+        assert await launch(nc, "m7i.24xlarge") is None
