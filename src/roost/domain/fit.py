@@ -60,6 +60,31 @@ def assign_gpus(cap: FreeCapacity, itype: InstanceType) -> GpuAssignment | None:
     return ()
 
 
+def gpu_choices(cap: FreeCapacity, itype: InstanceType) -> list[GpuAssignment]:
+    """Every materially different way to meet ``itype``'s GPU ask; empty when none.
+
+    `assign_gpus` picks one of these by a fixed rule (best fit); a placement policy that
+    weighs devices itself (FGD chooses the device that fragments least) picks among all
+    of them. Whole-GPU asks have one choice, since all fully free devices of a model are
+    alike. For a fraction there is one choice per distinct (free milli, model) among the
+    devices that hold it, lowest index first; two devices alike in both are interchangeable.
+    A type with no GPU ask has the single empty choice.
+    """
+    if itype.gpu_count:
+        one = assign_gpus(cap, itype)
+        return [] if one is None else [one]
+    if itype.gpu_milli:
+        seen: set[tuple[int, str]] = set()
+        out: list[GpuAssignment] = []
+        for i, f in enumerate(cap.gpu_free):
+            key = (f, cap.gpu_models[i])
+            if f >= itype.gpu_milli and _model_ok(cap, i, itype) and key not in seen:
+                seen.add(key)
+                out.append(((i, itype.gpu_milli),))
+        return out
+    return [()]
+
+
 def fits(cap: FreeCapacity, itype: InstanceType) -> bool:
     return cap.resources.covers(itype.resources) and assign_gpus(cap, itype) is not None
 

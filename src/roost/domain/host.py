@@ -80,5 +80,6 @@ def parse_gpus(spec: str) -> tuple[GpuDevice, ...]:
             count, model = 1, part
         if not model or count < 0:
             raise ValueError(f"cannot parse GPU spec {part!r}: expected e.g. '2xA10G'")
-        out.extend(GpuDevice(len(out) + k, model) for k in range(count))
+        base = len(out)
+        out.extend(GpuDevice(base + k, model) for k in range(count))
     return tuple(out)

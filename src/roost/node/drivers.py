@@ -121,9 +121,10 @@ class ProcessDriver:
     async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None:
         env = dict(os.environ)
         env.update(ROOST_INSTANCE_ID=spec.instance_id, ROOST_INSTANCE_TYPE=spec.instance_type)
-        with (spec.workdir.parent / f"{spec.instance_id}.console.log").open("ab") as log:
+        command = self._command(spec)
+        with (spec.workdir / "console.log").open("ab") as log:
             proc = await asyncio.create_subprocess_exec(
-                *self._command(spec), stdin=asyncio.subprocess.DEVNULL, stdout=log,
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log,
                 stderr=log, cwd=spec.workdir, env=env, start_new_session=True,
             )
         ticks = start_ticks(proc.pid)

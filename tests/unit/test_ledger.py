@@ -1,0 +1,60 @@
+"""The node ledger never commits beyond capacity, and returns to zero."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from roost.domain.catalog import BUILTIN
+from roost.domain.host import HostCapacity
+from roost.domain.resources import GPU_MILLI, GpuDevice, Resources
+from roost.node.ledger import Ledger
+
+HOST = HostCapacity(Resources(16000, 65536), gpus=(GpuDevice(0, "A10G"), GpuDevice(1, "A10G")),
+                    reserve=Resources(0, 0))
+TYPES = ["t3.micro", "m7i.large", "m7i.2xlarge", "r7i.large", "g5.xlarge", "gs1.quarter",
+         "gs1.half", "gs1.eighth", "c7i.4xlarge"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(TYPES), st.integers(0, 15)),
+                max_size=60))
+def test_random_allocate_release_never_exceeds_capacity(
+    ops: list[tuple[bool, str, int]],
+) -> None:
+    ledger = Ledger(HOST, BUILTIN)
+    for alloc, tname, slot in ops:
+        iid = f"i-{slot}"
+        if alloc:
+            before = ledger.fitting_types()
+            got = ledger.allocate(iid, BUILTIN[tname])
+            assert (got is not None) == (tname in before or iid in ledger.allocations)
+        else:
+            ledger.release(iid)
+        free = ledger.free
+        assert not free.resources.is_negative()
+        assert all(0 <= g <= GPU_MILLI for g in free.gpu_free)
+        used = sum((a.itype.resources for a in ledger.allocations.values()), Resources())
+        assert used + free.resources == HOST.allocatable
+    for iid in list(ledger.allocations):
+        assert ledger.release(iid)
+    assert ledger.free == HOST.empty()
+
+
+def test_threads_racing_for_the_last_slots() -> None:
+    ledger = Ledger(HostCapacity(Resources(8000, 32768), reserve=Resources(0, 0)), BUILTIN)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda i: ledger.allocate(f"i-{i}", BUILTIN["m7i.large"]),
+                                range(50)))
+    assert sum(r is not None for r in results) == 4
+    assert ledger.free.resources == Resources(0, 0)
+
+
+def test_double_allocate_and_release_are_idempotent() -> None:
+    ledger = Ledger(HOST, BUILTIN)
+    a = ledger.allocate("i-1", BUILTIN["m7i.large"])
+    assert ledger.allocate("i-1", BUILTIN["m7i.large"]) == a
+    assert ledger.release("i-1") and not ledger.release("i-1")
+    assert ledger.free == HOST.empty()
