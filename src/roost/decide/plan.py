@@ -1,0 +1,304 @@
+"""The capacity plan: a pure function of a snapshot, the pools' demand history and ``now``.
+
+``plan(snapshot, history, now=..., settings=...)`` returns a `Plan`: per pool the raw
+and desired replica counts, why (including what capped it or froze it), and the steps
+the reconcile loop should apply. It reads no clock and does no I/O, so every rule in
+docs/autoscaling.md is a table-driven unit test, and the benchmark and the WorldCup98
+replay run the very function the controller runs.
+
+The order of the rules, for each pool:
+
+1. freeze on anything that makes acting unsafe (missing or stale inputs, an unhealthy
+   database, a database budget that cannot hold the minimums, a release revision
+   mismatch): desired stays at current and nothing new happens;
+2. ``raw = ceil((queued + running) / target_per_replica)``;
+3. the scale-up window (the least demand seen over it must exceed current) and the
+   scale-down stabilization window (the most demand seen over it must be below
+   current) *and* an empty queue;
+4. min/max replicas;
+5. growth capped by node memory/CPU headroom and the shared database budget;
+6. drain-safe scale-down steps (`roost.decide.drain`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from roost.decide.caps import Growth, GrowthAsk, allocate_growth, db_worker_budget
+from roost.decide.drain import ScaleUp, Step, decide_drain, fresh
+from roost.decide.snapshot import (
+    PlanSettings,
+    PoolInputs,
+    Snapshot,
+    WorkerStatus,
+)
+
+# Stable codes that open a frozen_reason ("code: detail"); metrics label by the code.
+INPUTS_MISSING = "inputs_missing"
+STALE_INPUTS = "stale_inputs"
+DB_UNHEALTHY = "db_unhealthy"
+DB_BUDGET = "db_budget"
+REVISION_MISMATCH = "revision_mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHistory:
+    """Outstanding-task samples ``(time, queued + running)``, oldest first.
+
+    Samples, not raw replica counts, so that changing a pool's target per replica
+    takes effect at once. A gap in the data (a failed read) clears the history: a
+    window must be observed without holes before it can justify a change.
+    """
+
+    samples: tuple[tuple[float, int], ...] = ()
+
+    def add(self, now: float, outstanding: int, keep: float) -> PoolHistory:
+        samples = [*self.samples, (now, outstanding)]
+        # Keep the newest sample at or before now - keep: it proves coverage of the window.
+        start = 0
+        for i, (t, _) in enumerate(samples):
+            if t <= now - keep:
+                start = i
+        return PoolHistory(tuple(samples[start:]))
+
+    def window(self, now: float, seconds: float) -> list[int] | None:
+        """Values demand took during ``[now - seconds, now]``, or None if the history
+        does not reach back that far."""
+        start = None
+        for i, (t, _) in enumerate(self.samples):
+            if t <= now - seconds:
+                start = i
+        if start is None:
+            return None
+        return [v for _, v in self.samples[start:]]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    pool_id: str
+    current_replicas: int | None
+    raw_desired: int | None
+    desired_replicas: int | None
+    frozen_reason: str | None
+    reason: str
+    capped_by: tuple[str, ...] = ()
+    steps: tuple[Step, ...] = ()
+    history: PoolHistory = field(default_factory=PoolHistory)
+    queued: int | None = None
+    running: int | None = None
+
+    @property
+    def action(self) -> str:
+        if self.frozen_reason:
+            return "frozen"
+        if self.current_replicas is None or self.desired_replicas is None:
+            return "hold"
+        if self.desired_replicas > self.current_replicas:
+            return "scale_up"
+        if self.desired_replicas < self.current_replicas:
+            return "scale_down"
+        return "hold"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    now: float
+    pools: tuple[PoolPlan, ...]
+    db_worker_budget: int | None
+    db_connections_used: int
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(s for p in self.pools for s in p.steps)
+
+    @property
+    def history(self) -> dict[str, PoolHistory]:
+        return {p.pool_id: p.history for p in self.pools}
+
+    def pool(self, pool_id: str) -> PoolPlan:
+        for p in self.pools:
+            if p.pool_id == pool_id:
+                return p
+        raise KeyError(pool_id)
+
+
+def raw_desired(outstanding: int, target_per_replica: int) -> int:
+    """``ceil(outstanding / target)``, in integers."""
+    return -(-outstanding // max(1, target_per_replica))
+
+
+def _global_freeze(snapshot: Snapshot, now: float, s: PlanSettings) -> str | None:
+    db = snapshot.db
+    if db is None:
+        detail = "; ".join(snapshot.errors) or "database health not read"
+        return f"{INPUTS_MISSING}: {detail}"
+    if now - db.observed_at > s.max_input_age:
+        return f"{STALE_INPUTS}: database health is {now - db.observed_at:.0f}s old"
+    if now - snapshot.read_at > s.max_input_age:
+        return f"{STALE_INPUTS}: demand and workers are {now - snapshot.read_at:.0f}s old"
+    if db.in_recovery:
+        return f"{DB_UNHEALTHY}: the server is in recovery (read-only)"
+    if db.sync_peers < s.db_expected_sync_peers:
+        return (f"{DB_UNHEALTHY}: {db.sync_peers} of {s.db_expected_sync_peers} synchronous "
+                "replication peers attached; commits may block")
+    budget = db_worker_budget(db, s)
+    floor = sum(p.spec.min_replicas * p.spec.worker_db_pool_size for p in snapshot.pools)
+    if floor > budget:
+        return (f"{DB_BUDGET}: the worker budget of {budget} connections cannot hold every "
+                f"pool's min replicas ({floor})")
+    return None
+
+
+def _pool_freeze(p: PoolInputs, now: float, s: PlanSettings) -> str | None:
+    if p.missing or p.demand is None or p.workers is None or p.infra is None:
+        names = [n for n, v in (("demand", p.demand), ("workers", p.workers),
+                                ("infra", p.infra)) if v is None]
+        return f"{INPUTS_MISSING}: " + ("; ".join(p.missing) or ", ".join(names))
+    age = now - p.infra.observed_at
+    if age > s.max_input_age:
+        return f"{STALE_INPUTS}: orchestrator state is {age:.0f}s old"
+    want = p.spec.expected_revision
+    if want:
+        off = sorted({
+            w.revision for w in p.workers
+            if w.status is not WorkerStatus.GONE and fresh(w, now, s) and w.revision != want
+        })
+        if off:
+            return f"{REVISION_MISMATCH}: expected {want!r}, workers run {', '.join(off)}"
+    return None
+
+
+def _windowed(p: PoolInputs, hist: PoolHistory, current: int, now: float,
+              s: PlanSettings) -> tuple[int, str]:
+    """Replicas demand justifies after the windows, before min/max and caps."""
+    assert p.demand is not None
+    target = p.spec.target_per_replica
+    raw = raw_desired(p.demand.outstanding, target)
+    up = hist.window(now, s.scale_up_window)
+    down = hist.window(now, s.scale_down_window)
+    if raw > current:
+        low = raw_desired(min(up), target) if up else None
+        if low is not None and low > current:
+            return low, f"demand above {current} for {s.scale_up_window:.0f}s"
+        return current, f"scale-up window: demand {raw} > {current} not yet held for " \
+                        f"{s.scale_up_window:.0f}s"
+    if raw < current:
+        high = raw_desired(max(down), target) if down else None
+        if high is None or high >= current:
+            return current, f"stabilization: demand {raw} < {current} not yet held for " \
+                            f"{s.scale_down_window:.0f}s"
+        if p.demand.queued:
+            return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
+        return high, f"demand below {current} for {s.scale_down_window:.0f}s, queue empty"
+    return current, "demand matches replicas"
+
+
+@dataclass(slots=True)
+class _Draft:
+    p: PoolInputs
+    history: PoolHistory
+    current: int | None
+    raw: int | None
+    wanted: int | None
+    frozen: str | None
+    reason: str
+
+
+def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: float,
+           s: PlanSettings) -> _Draft:
+    keep = max(s.scale_up_window, s.scale_down_window)
+    hist = prev.add(now, p.demand.outstanding, keep) if p.demand is not None else PoolHistory()
+    current = p.infra.target_replicas if p.infra is not None else None
+    raw = raw_desired(p.demand.outstanding, p.spec.target_per_replica) if p.demand else None
+    frozen = global_freeze or _pool_freeze(p, now, s)
+    if frozen or current is None:
+        return _Draft(p, hist, current, raw, current, frozen, "frozen")
+    wanted, reason = _windowed(p, hist, current, now, s)
+    spec = p.spec
+    clamped = min(max(wanted, spec.min_replicas), spec.max_replicas)
+    if clamped != wanted:
+        bound = "min" if clamped > wanted else "max"
+        reason = f"{bound}_replicas {clamped} (demand alone: {wanted})"
+    return _Draft(p, hist, current, raw, clamped, None, reason)
+
+
+def _removal_pending(d: _Draft) -> bool:
+    return any(w.removal_target is not None for w in d.p.workers or ())
+
+
+def plan(
+    snapshot: Snapshot,
+    history: Mapping[str, PoolHistory],
+    *,
+    now: float,
+    settings: PlanSettings,
+) -> Plan:
+    settings.validate()
+    freeze = _global_freeze(snapshot, now, settings)
+    drafts = [
+        _draft(p, history.get(p.spec.pool_id, PoolHistory()), freeze, now, settings)
+        for p in snapshot.pools
+    ]
+    budget = db_worker_budget(snapshot.db, settings) if snapshot.db is not None else None
+    used = 0
+    for d in drafts:
+        live = d.current
+        if live is None:
+            live = sum(1 for w in d.p.workers or () if w.status is not WorkerStatus.GONE)
+        used += live * d.p.spec.worker_db_pool_size
+    asks = [
+        GrowthAsk(
+            d.p.spec.pool_id, d.wanted - d.current, d.p.spec.worker_cpu_milli,
+            d.p.spec.worker_mem_mib, d.p.spec.worker_db_pool_size, d.p.infra.nodes,
+        )
+        for d in drafts
+        if d.frozen is None and d.p.infra is not None and d.current is not None
+        and d.wanted is not None and d.wanted > d.current and not _removal_pending(d)
+    ]
+    growth = allocate_growth(asks, db_room=(budget or 0) - used, settings=settings)
+    pools = tuple(_finish(d, growth.get(d.p.spec.pool_id), now, settings) for d in drafts)
+    return Plan(now, pools, budget, used)
+
+
+def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> PoolPlan:
+    spec = d.p.spec
+    desired, reason = d.wanted, d.reason
+    capped: tuple[str, ...] = ()
+    steps: list[Step] = []
+    if d.current is not None and desired is not None and desired > d.current:
+        if growth is None:  # a committed removal finishes first
+            desired, reason = d.current, f"{reason}; scale-up waits for a pending removal"
+        else:
+            desired, capped = d.current + growth.granted, growth.capped_by
+            if capped:
+                reason = f"{reason}; capped at {desired} by {', '.join(capped)}"
+            if growth.granted:
+                steps.append(ScaleUp(spec.pool_id, desired))
+    note = ""
+    if d.p.workers is not None:
+        # Frozen pools still get here: a drain past its timeout is re-activated even
+        # then, since that only gives a worker its tasks back.
+        current = d.current if d.current is not None else 0
+        drain = decide_drain(
+            spec.pool_id, d.p.workers, current=current,
+            desired=desired if desired is not None else current, infra=d.p.infra,
+            frozen=d.frozen is not None or d.current is None, now=now, settings=s,
+        )
+        steps.extend(drain.steps)
+        note = drain.note
+    if note:
+        reason = f"{reason}; {note}"
+    return PoolPlan(
+        pool_id=spec.pool_id,
+        current_replicas=d.current,
+        raw_desired=d.raw,
+        desired_replicas=desired,
+        frozen_reason=d.frozen,
+        reason=reason,
+        capped_by=capped,
+        steps=tuple(steps),
+        history=d.history,
+        queued=d.p.demand.queued if d.p.demand else None,
+        running=d.p.demand.running if d.p.demand else None,
+    )

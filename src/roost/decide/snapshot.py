@@ -1,0 +1,183 @@
+"""What the capacity plan sees: one snapshot of every pool's demand, workers and
+infrastructure, plus the database's health, and the settings that bound the plan.
+
+Everything here is plain frozen data so that `plan()` stays a pure function: the
+controller reads Postgres and the orchestrators, builds a `Snapshot`, and hands it in
+with ``now``. An input that could not be read is ``None`` (with the error in
+``missing``), never a default: a default would look like "no demand" and scale pools
+down on missing data.
+
+Times are float seconds since the epoch, the same clock as ``now``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class WorkerStatus(enum.StrEnum):
+    ACTIVE = "active"
+    DRAINING = "draining"  # takes no new tasks; removed once it has none
+    GONE = "gone"  # its replica was removed; kept for history, ignored by the plan
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A worker pool as an operator configured it."""
+
+    pool_id: str
+    min_replicas: int
+    max_replicas: int
+    target_per_replica: int
+    """Outstanding (queued + running) tasks one replica should carry."""
+    worker_cpu_milli: int
+    worker_mem_mib: int
+    worker_db_pool_size: int
+    """Connections one worker may open: its share of the database budget."""
+    expected_revision: str = ""
+    """The release every worker should run; empty means "don't check"."""
+    orchestrator: str = "fake"
+    orchestrator_ref: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    queued: int
+    running: int
+
+    @property
+    def outstanding(self) -> int:
+        return self.queued + self.running
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """One worker as it reported itself (through the worker runtime's heartbeat)."""
+
+    worker_id: str
+    status: WorkerStatus
+    running_tasks: int
+    active_leases: int
+    revision: str
+    instance_ref: str
+    heartbeat_at: float
+    draining_since: float | None = None
+    removal_target: int | None = None
+    """Set when the controller committed to removing this worker's replica: the replica
+    count it asked the orchestrator for. A new leader finishes the removal from here."""
+
+    @property
+    def busy(self) -> int:
+        return self.running_tasks + self.active_leases
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """One replica as the orchestrator sees it (a pod, an instance, a host)."""
+
+    ref: str
+    ready: bool
+    termination_priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFigures:
+    """A node that can run this pool's workers, in the units of `roost.domain.resources`."""
+
+    node_id: str
+    allocatable_cpu_milli: int
+    allocatable_mem_mib: int
+    used_cpu_milli: int
+    used_mem_mib: int
+    memory_pressure: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Infra:
+    """The orchestrator's view of a pool."""
+
+    target_replicas: int
+    """How many replicas the orchestrator is trying to run: the current size."""
+    instances: tuple[InstanceView, ...]
+    nodes: tuple[NodeFigures, ...]
+    observed_at: float
+
+    @property
+    def settled(self) -> bool:
+        """Every replica the orchestrator wants exists and is ready.
+
+        Kubernetes removes not-ready and pending pods before it looks at deletion cost,
+        so a replica is removed only while the pool is settled: then the drained worker
+        is the one that goes.
+        """
+        return len(self.instances) == self.target_replicas and all(
+            i.ready for i in self.instances
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DbHealth:
+    max_connections: int
+    reserved_connections: int
+    """superuser_reserved_connections + reserved_connections: not for applications."""
+    sync_peers: int
+    """Synchronous replication peers currently attached (pg_stat_replication)."""
+    in_recovery: bool
+    observed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInputs:
+    spec: PoolSpec
+    demand: Demand | None
+    workers: tuple[WorkerView, ...] | None
+    infra: Infra | None
+    missing: tuple[str, ...] = ()
+    """Why an input is None, e.g. ``"infra: orchestrator 'k8s' timed out"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    pools: tuple[PoolInputs, ...]
+    db: DbHealth | None
+    read_at: float
+    """When demand and workers were read (one pass over Postgres)."""
+    errors: tuple[str, ...] = field(default=())
+    """Read errors that concern every pool (e.g. the database health query)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSettings:
+    """Every knob of the plan. Durations in seconds, percents in 0..100."""
+
+    scale_up_window: float = 30.0
+    scale_down_window: float = 300.0
+    drain_timeout: float = 600.0
+    memory_target_percent: float = 80.0
+    memory_hard_percent: float = 90.0
+    cpu_target_percent: float = 80.0
+    max_input_age: float = 30.0
+    heartbeat_timeout: float = 30.0
+    db_total_connections: int | None = None
+    """Overrides max_connections - reserved (e.g. behind a pooler); None reads the server."""
+    db_non_worker_connections: int = 10
+    db_connections_per_sync_peer: int = 1
+    db_expected_sync_peers: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that would make the plan meaningless."""
+        for name in ("scale_up_window", "scale_down_window", "drain_timeout",
+                     "max_input_age", "heartbeat_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0 < self.memory_target_percent <= self.memory_hard_percent <= 100:
+            raise ValueError("need 0 < memory target % <= memory hard % <= 100")
+        if not 0 < self.cpu_target_percent <= 100:
+            raise ValueError("need 0 < cpu target % <= 100")
+        if self.db_total_connections is not None and self.db_total_connections < 0:
+            raise ValueError("db_total_connections must be >= 0")
+        for name in ("db_non_worker_connections", "db_connections_per_sync_peer",
+                     "db_expected_sync_peers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
