@@ -106,3 +106,61 @@ async def test_kill_9_restart_readopts_instances(
     finally:
         kill_group(pid_a)
         kill_group(pid_b)
+
+
+async def test_drain_command_stops_advertising_and_leaves_instances_running(
+    nats_server: NatsServer, tmp_path: Path, agents: list[subprocess.Popen[bytes]]
+) -> None:
+    pid_file = tmp_path / "i.pid"
+    agents.append(start_agent(nats_server.url, tmp_path / "r1", tmp_path / "agent.log"))
+    try:
+        async with client(nats_server.url) as nc:
+            await snapshot(nc)
+            inst = await launch(nc, "t3.micro", node_id="r1",
+                                user_data=f"echo $$ > {pid_file}\nexec sleep 300\n")
+            assert inst and inst.ok and inst.instance
+            await wait_state(nc, "r1", inst.instance.instance_id, "running")
+            drain = subprocess.run(
+                [sys.executable, "-m", "roost", "node", "--nats", nats_server.url,
+                 "--node-id", "r1", "drain"], capture_output=True, text=True, timeout=30)
+            assert drain.returncode == 0, drain.stderr
+            assert "r1 draining; 1 instances keep running" in drain.stdout
+            assert agents[0].wait(15) == 0
+            assert await launch(nc, "t3.micro") is None
+            pid = int(pid_file.read_text())
+            os.kill(pid, 0)  # still running after its agent left
+    finally:
+        kill_group(pid_file)
+
+
+async def test_sigterm_drains_and_exits(
+    nats_server: NatsServer, tmp_path: Path, agents: list[subprocess.Popen[bytes]]
+) -> None:
+    agents.append(start_agent(nats_server.url, tmp_path / "r1", tmp_path / "agent.log"))
+    async with client(nats_server.url) as nc:
+        sub = await nc.subscribe(subjects.capacity("r1"))
+        first = s.decode((await sub.next_msg(timeout=10)).data, s.CapacitySnapshot)
+        assert not first.draining and first.fit
+        agents[0].send_signal(signal.SIGTERM)
+        while True:
+            snap = s.decode((await sub.next_msg(timeout=10)).data, s.CapacitySnapshot)
+            if snap.draining:
+                break
+        assert snap.fit == {} and snap.seq > first.seq
+        assert agents[0].wait(15) == 0
+
+
+async def test_drain_of_unknown_node_is_a_clear_error(nats_server: NatsServer) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "roost", "node", "--nats", nats_server.url, "--node-id", "nope",
+         "drain", "--timeout", "1"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1
+    assert "could not drain node nope" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_bad_capacity_flag_is_a_usage_error(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "roost", "node", "--capacity", "lots", "--data-dir",
+         str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2
+    assert "cannot parse 'lots'" in res.stderr and "Traceback" not in res.stderr

@@ -132,10 +132,15 @@ async def test_routing_over_three_server_cluster(nats_cluster, tmp_path: Path) -
     async with running_nodes([[node_url], [node_url]], ["2vcpu,8GiB", "8vcpu,32GiB"],
                              tmp_path) as nodes, client(client_url) as nc:
         # Interest crosses the routes asynchronously: wait until the far server sees it.
+        # One launch id for every probe, so at most one probe instance exists; it is
+        # terminated before the scenario starts.
         deadline = asyncio.get_running_loop().time() + 10
-        while await launch(nc, "t3.nano", node_id=None) is None:
+        while (probe := await launch(nc, "t3.nano", launch_id="probe")) is None:
             assert asyncio.get_running_loop().time() < deadline, "interest never propagated"
             await asyncio.sleep(0.1)
+        assert probe.ok and probe.instance
+        await command(nc, probe.node_id, "terminate", probe.instance.instance_id)
+        await wait_state(nc, probe.node_id, probe.instance.instance_id, "terminated")
         full = await launch(nc, "t3.large", node_id="n1")
         assert full is not None and full.ok
         replies = await asyncio.gather(*(launch(nc, "t3.medium") for _ in range(10)))
@@ -147,3 +152,59 @@ async def test_routing_over_three_server_cluster(nats_cluster, tmp_path: Path) -
         assert nodes[0].ledger.free.resources == Resources(0, 0)
         # A type nobody can fit: no responders from the far server too.
         assert await launch(nc, "m7i.24xlarge") is None
+
+
+async def until_no_responders(nc, instance_type: str, timeout: float = 10.0) -> int:  # type: ignore[no-untyped-def]
+    """Send launches one at a time until nobody subscribes to ``instance_type``; returns
+    how many succeeded on the way.
+
+    Across routes, SUB/UNSUB reach the far servers a moment later. In that window a
+    node must answer explicitly; a request that a route forwarded just after the node's
+    server processed its UNSUB is lost (NATS is at-most-once), which the requester sees
+    as a timeout and never as a capacity answer. The gateway reconciles those by
+    launch id.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    made = 0
+    while True:
+        assert asyncio.get_running_loop().time() < deadline, "interest never settled"
+        try:
+            reply = await launch(nc, instance_type, timeout=1)
+        except TimeoutError:
+            continue
+        if reply is None:
+            return made
+        assert reply.ok or reply.error == "no_capacity"
+        made += reply.ok
+
+
+@pytest.mark.cluster
+async def test_race_and_drain_over_three_server_cluster(nats_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    urls = nats_cluster.urls
+    async with running_nodes([[urls[0]], [urls[1]]], ["2vcpu,8GiB", "2vcpu,8GiB"],
+                             tmp_path) as nodes, client(urls[2]) as nc:
+        # Wait until the far server routes node-targeted requests to both nodes.
+        for n in ("n1", "n2"):
+            deadline = asyncio.get_running_loop().time() + 10
+            while await launch(nc, "zz.none", node_id=n) is None:
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.05)
+        # 50 concurrent requests for 2 slots, on nodes behind other servers.
+        replies = await asyncio.gather(*(launch(nc, "m7i.large", timeout=10)
+                                         for _ in range(50)))
+        burst = sum(1 for r in replies if r is not None and r.ok)
+        assert all(r.error == "no_capacity" for r in replies if r is not None and not r.ok)
+        assert burst >= 1
+        after = await until_no_responders(nc, "m7i.large")
+        assert burst + after == 2  # exactly the two slots, never more
+        for n in nodes:
+            assert n.ledger.free.resources == Resources(0, 0)
+            for iid in list(n.ledger.allocations):
+                await command(nc, n.node_id, "terminate", iid)
+                await wait_state(nc, n.node_id, iid, "terminated")
+        await nodes[0].drain()
+        await nodes[1].drain()
+        assert await until_no_responders(nc, "t3.micro") == 0  # drained nodes take nothing
+        refused = await launch(nc, "t3.micro", node_id="n1")
+        assert refused is not None and refused.error == "no_capacity"
+        assert all(not n.ledger.allocations for n in nodes)

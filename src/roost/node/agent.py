@@ -73,6 +73,7 @@ class NodeAgent:
         self.state = NodeState(config.data_dir / "node.sqlite3")
         self.boot_id = uuid.uuid4().hex
         self.draining = False
+        self._stopping = False
         self.stopped = asyncio.Event()
         self._records: dict[str, s.InstanceRecord] = {}
         self._seq = 0
@@ -137,11 +138,15 @@ class NodeAgent:
         log.info("node %s draining", self.node_id)
 
     async def stop(self) -> None:
+        if self._stopping:
+            return  # SIGTERM and a drain request may both ask
+        self._stopping = True
         await self.drain()
         if self._heartbeat:
             self._heartbeat.cancel()
-        if self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        others = self._tasks - {asyncio.current_task()}  # stop() may itself be tracked
+        if others:
+            await asyncio.gather(*others, return_exceptions=True)
         await self.driver.close()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.drain()
