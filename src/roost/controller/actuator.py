@@ -1,0 +1,154 @@
+"""Applying a plan's steps: fenced writes to Postgres, idempotent calls to orchestrators.
+
+Each step writes to Postgres (fenced by the epoch) *before* it touches an orchestrator,
+so a deposed leader fails on its write and never reaches the orchestrator. Between
+orchestrator calls the leader's connection state is checked too: the termination
+listener flips it the moment the session dies.
+
+A failure is recorded as data (`ActionRecord`) and ends that pool's steps for this
+tick; other pools go on. The next tick re-reads everything and decides again, and a
+committed removal is finished from where it stopped. `StaleEpoch` is different: it ends
+the whole tick, since nothing this controller decided is valid any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from roost.controller.clock import Clock
+from roost.controller.orchestrator import Orchestrator, OrchestratorError, PoolRef
+from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp, Step
+from roost.decide.plan import Plan
+from roost.decide.snapshot import PoolSpec
+from roost.store import fenced
+from roost.store.errors import StaleEpoch
+
+log = logging.getLogger("roost.controller.actuator")
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    at: float
+    pool_id: str
+    kind: str
+    outcome: str
+    """ok | skipped (the world moved since the read) | failed | shadow (not applied)."""
+    worker_id: str | None = None
+    replicas: int | None = None
+    detail: str = ""
+
+
+def describe(step: Step) -> str:
+    match step:
+        case ScaleUp():
+            return f"scale {step.pool_id} up to {step.replicas}"
+        case MarkDraining():
+            return f"drain {step.worker_id} of {step.pool_id}"
+        case Reactivate():
+            return f"re-activate {step.worker_id} of {step.pool_id} ({step.why})"
+        case RemoveReplica():
+            to = "" if step.replicas is None else f", scaling to {step.replicas}"
+            return f"remove the replica of drained {step.worker_id} of {step.pool_id}{to}"
+    raise AssertionError(step)
+
+
+class Actuator:
+    def __init__(
+        self,
+        db: Any,
+        orchestrators: Mapping[str, Orchestrator],
+        *,
+        clock: Clock,
+        timeout: float,
+        still_leader: Callable[[], bool],
+    ) -> None:
+        self.db = db
+        self.orchestrators = orchestrators
+        self.clock = clock
+        self.timeout = timeout
+        self.still_leader = still_leader
+
+    async def apply(self, plan: Plan, specs: Mapping[str, PoolSpec], *, epoch: int,
+                    shadow: bool, records: list[ActionRecord] | None = None
+                    ) -> list[ActionRecord]:
+        """Apply ``plan``; records go to ``records`` as they happen, so the caller keeps
+        what was done even when a `StaleEpoch` ends the tick half-way."""
+        records = [] if records is None else records
+        for pool in plan.pools:
+            for step in pool.steps:
+                if shadow:
+                    log.info("shadow: would %s", describe(step))
+                    records.append(self._record(step, "shadow", describe(step)))
+                    continue
+                rec = await self._apply(step, specs[step.pool_id], epoch)
+                records.append(rec)
+                if rec.outcome == "failed":
+                    break
+        return records
+
+    def _record(self, step: Step, outcome: str, detail: str = "") -> ActionRecord:
+        return ActionRecord(
+            at=self.clock.time(),
+            pool_id=step.pool_id,
+            kind=step.kind,
+            outcome=outcome,
+            worker_id=getattr(step, "worker_id", None),
+            replicas=getattr(step, "replicas", None),
+            detail=detail,
+        )
+
+    def _guard(self, epoch: int) -> None:
+        if not self.still_leader():
+            raise StaleEpoch(epoch, None)
+
+    async def _call(self, coro: Any) -> Any:
+        return await asyncio.wait_for(coro, self.timeout)
+
+    async def _apply(self, step: Step, spec: PoolSpec, epoch: int) -> ActionRecord:
+        orch = self.orchestrators.get(spec.orchestrator)
+        ref = PoolRef(spec.pool_id, spec.orchestrator_ref)
+        try:
+            match step:
+                case MarkDraining():
+                    ok = await fenced.mark_draining(self.db, epoch, step.pool_id,
+                                                    step.worker_id, now=self.clock.time())
+                    return self._record(step, "ok" if ok else "skipped")
+                case Reactivate():
+                    ok = await fenced.reactivate(self.db, epoch, step.pool_id, step.worker_id)
+                    return self._record(step, "ok" if ok else "skipped", step.why)
+                case ScaleUp():
+                    self._guard(epoch)
+                    if orch is None:
+                        return self._record(step, "failed", "no orchestrator adapter")
+                    res = await self._call(orch.scale_pool(
+                        ref, step.replicas, request_id=f"{step.pool_id}:{step.replicas}:e{epoch}"
+                    ))
+                    return self._record(step, "ok", f"from {res.previous}")
+                case RemoveReplica():
+                    return await self._remove(step, orch, ref, epoch)
+        except OrchestratorError as exc:
+            return self._record(step, "failed", f"{type(exc).__name__}: {exc}")
+        except TimeoutError:
+            return self._record(step, "failed", f"orchestrator timed out after {self.timeout:g}s")
+        raise AssertionError(step)
+
+    async def _remove(self, step: RemoveReplica, orch: Orchestrator | None, ref: PoolRef,
+                      epoch: int) -> ActionRecord:
+        if step.replicas is not None:
+            if orch is None:
+                return self._record(step, "failed", "no orchestrator adapter")
+            if not await fenced.commit_removal(self.db, epoch, step.pool_id, step.worker_id,
+                                               step.replicas):
+                return self._record(step, "skipped", "worker no longer drained")
+            self._guard(epoch)
+            await self._call(orch.set_instance_termination_priority(
+                ref, step.instance_ref, priority=step.priority))
+            self._guard(epoch)
+            await self._call(orch.scale_pool(
+                ref, step.replicas, request_id=f"{step.pool_id}:remove:{step.worker_id}"))
+        ok = await fenced.mark_gone(self.db, epoch, step.pool_id, step.worker_id)
+        return self._record(step, "ok" if ok else "skipped", step.instance_ref)

@@ -1,0 +1,246 @@
+"""``roost controller``, ``roost pools`` and ``roost db``.
+
+Every controller setting is a flag, a ``ROOST_CONTROLLER_*`` environment variable and a
+key of the ``--config`` TOML file (flags beat the environment, which beats the file).
+The flags are generated from `ControllerConfig`, so a new setting cannot miss one of
+the three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import types
+import typing
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import click
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from roost.controller import config as cfg
+from roost.decide.snapshot import PoolSpec
+from roost.store import pools as pools_q
+from roost.store.errors import StoreError
+from roost.store.migrations import migrate_dsn
+
+T = TypeVar("T")
+ENV = "ROOST_CONTROLLER_"
+DSN_ENVS = ["ROOST_CONTROLLER_DSN", "ROOST_DSN"]
+
+_HELP = {
+    "dsn": "Postgres DSN (the controller's database; pools, workers and tasks live there).",
+    "interval": "Seconds between reconcile ticks.",
+    "scale_up_window": "Seconds demand must stay above current before scaling up.",
+    "scale_down_window": "Stabilization: seconds demand must stay below current (and the "
+                         "queue be empty) before scaling down.",
+    "drain_timeout": "Seconds a draining worker may take before it is re-activated.",
+    "memory_target_percent": "Stop growing when the pool's nodes reach this memory use.",
+    "memory_hard_percent": "Never place a worker that takes a node past this memory use.",
+    "cpu_target_percent": "Stop growing when the pool's nodes reach this CPU use.",
+    "max_input_age": "Inputs older than this many seconds freeze the plan "
+                     "(default: 3 intervals, at least 30).",
+    "heartbeat_timeout": "A worker silent for this long is not drained or counted for "
+                         "revision checks.",
+    "db_total_connections": "Connection budget total (default: max_connections - reserved).",
+    "db_non_worker_connections": "Connections kept for everything that is not a worker.",
+    "db_connections_per_sync_peer": "Connections each synchronous replication peer holds.",
+    "db_expected_sync_peers": "Synchronous peers that must be attached (fewer freezes).",
+    "follower_retry": "Seconds between a follower's attempts to take the lead.",
+    "keepalive_timeout": "Timeout of the leader's keep-alive query.",
+    "io_timeout": "Timeout of each database read and orchestrator call.",
+    "http_host": "Address of the HTTP API.",
+    "http_port": "Port of the HTTP API.",
+    "shadow": "Plan and publish, log what would be done, never act.",
+    "holder": "Name of this controller in the leader lease (default host:pid).",
+    "static_config": "TOML file of the static orchestrator's pools.",
+    "fake": "Serve the in-memory fake orchestrator (demos and tests only).",
+    "migrate": "Apply schema migrations on start.",
+}
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    hints = typing.get_type_hints(cfg.ControllerConfig)
+    for f in reversed(msgspec.structs.fields(cfg.ControllerConfig)):
+        hint = hints[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+        base = next((a for a in args if a is not type(None)), hint)
+        flag = f.name.replace("_", "-")
+        if base is bool:
+            decl = f"--{flag}/--no-{flag}"
+            fn = click.option(decl, f.name, default=None, envvar=ENV + f.name.upper(),
+                              help=_HELP.get(f.name, ""))(fn)
+        else:
+            fn = click.option(f"--{flag}", f.name, type=base, default=None,
+                              envvar=ENV + f.name.upper(), show_envvar=True,
+                              help=f"{_HELP.get(f.name, '')} [default: {f.default}]")(fn)
+    return fn
+
+
+@click.command("controller")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), envvar=ENV + "CONFIG", help="TOML file of settings.")
+@click.option("--print-config", is_flag=True, help="Print the effective settings and exit.")
+@click.option("--log-level", default="info", envvar=ENV + "LOG_LEVEL",
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@_config_options
+def controller(config_file: Path | None, print_config: bool, log_level: str,
+               **settings: Any) -> None:
+    """Run the capacity controller: elect a leader on Postgres, size worker pools from
+    queue demand, and serve /healthz, /readyz, /status and /metrics."""
+    try:
+        from_file = cfg.load_file(config_file) if config_file else {}
+        config = cfg.build(from_file, settings)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if print_config:
+        click.echo(msgspec.json.format(msgspec.json.encode(config)).decode())
+        return
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from roost.controller.service import serve  # uvicorn and friends only when serving
+
+    _run(serve(config))
+
+
+# ---- roost pools ---------------------------------------------------------------------
+
+
+async def _with_conn(dsn: str, fn: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise click.ClickException(f"cannot connect to Postgres: {exc}") from None
+    try:
+        return await fn(conn)
+    except asyncpg.UndefinedTableError:
+        raise click.ClickException("no roost schema here: run `roost db migrate`") from None
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        await conn.close()
+
+
+_dsn = click.option("--dsn", envvar=DSN_ENVS, required=True, show_envvar=True,
+                    help="Postgres DSN.")
+
+
+def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    req: dict[str, Any] = {"required": True} if create else {"default": None}
+    opt: dict[str, Any] = {} if create else {"default": None}
+    options = [
+        click.option("--min", "min_replicas", type=click.IntRange(0), **(
+            {"default": 0} if create else opt)),
+        click.option("--max", "max_replicas", type=click.IntRange(0), **req),
+        click.option("--target", "target_per_replica", type=click.IntRange(1), **req,
+                     help="Outstanding tasks per replica."),
+        click.option("--cpu-milli", "worker_cpu_milli", type=click.IntRange(1), **req),
+        click.option("--memory-mib", "worker_mem_mib", type=click.IntRange(1), **req),
+        click.option("--db-pool-size", "worker_db_pool_size", type=click.IntRange(0), **req,
+                     help="Connections one worker opens."),
+        click.option("--revision", "expected_revision", **(
+            {"default": ""} if create else opt), help="Release every worker must run."),
+        click.option("--orchestrator", **req, help="Adapter name: static, fake, ..."),
+        click.option("--ref", "orchestrator_ref", **({"default": ""} if create else opt),
+                     help="The adapter's name for this pool."),
+    ]
+
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for o in reversed(options):
+            fn = o(fn)
+        return fn
+
+    return apply
+
+
+def _show(specs: list[PoolSpec], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(s) for s in specs], indent=2))
+        return
+    table = Table("pool", "min", "max", "target", "cpu m", "mem MiB", "db pool", "revision",
+                  "orchestrator", "ref")
+    for s in specs:
+        table.add_row(s.pool_id, str(s.min_replicas), str(s.max_replicas),
+                      str(s.target_per_replica), str(s.worker_cpu_milli),
+                      str(s.worker_mem_mib), str(s.worker_db_pool_size), s.expected_revision,
+                      s.orchestrator, s.orchestrator_ref)
+    Console().print(table)
+
+
+@click.group("pools")
+def pools() -> None:
+    """Create, list, update and delete worker pools."""
+
+
+@pools.command("create")
+@click.argument("pool_id")
+@_pool_options(create=True)
+@_dsn
+@click.option("--json", "as_json", is_flag=True)
+def pools_create(pool_id: str, dsn: str, as_json: bool, **fields: Any) -> None:
+    """Create a worker pool."""
+    spec = PoolSpec(pool_id=pool_id, **fields)
+    _run(_with_conn(dsn, lambda c: pools_q.create_pool(c, spec)))
+    _show([spec], as_json)
+
+
+@pools.command("list")
+@_dsn
+@click.option("--json", "as_json", is_flag=True)
+def pools_list(dsn: str, as_json: bool) -> None:
+    """List worker pools."""
+    _show(_run(_with_conn(dsn, pools_q.list_pools)), as_json)
+
+
+@pools.command("update")
+@click.argument("pool_id")
+@_pool_options(create=False)
+@_dsn
+@click.option("--json", "as_json", is_flag=True)
+def pools_update(pool_id: str, dsn: str, as_json: bool, **fields: Any) -> None:
+    """Change some settings of a worker pool."""
+    changes = {k: v for k, v in fields.items() if v is not None}
+    spec = _run(_with_conn(dsn, lambda c: pools_q.update_pool(c, pool_id, **changes)))
+    _show([spec], as_json)
+
+
+@pools.command("delete")
+@click.argument("pool_id")
+@_dsn
+@click.option("--force", is_flag=True, help="Delete even with live workers or open tasks.")
+def pools_delete(pool_id: str, dsn: str, force: bool) -> None:
+    """Delete a worker pool (refused while it has live workers or open tasks)."""
+    _run(_with_conn(dsn, lambda c: pools_q.delete_pool(c, pool_id, force=force)))
+    click.echo(f"deleted {pool_id}")
+
+
+# ---- roost db --------------------------------------------------------------------------
+
+
+@click.group("db")
+def db() -> None:
+    """The roost database schema."""
+
+
+@db.command("migrate")
+@_dsn
+def db_migrate(dsn: str) -> None:
+    """Apply pending schema migrations (the controller also does this on start)."""
+    try:
+        applied = _run(migrate_dsn(dsn))
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise click.ClickException(f"migration failed: {exc}") from None
+    for m in applied:
+        click.echo(f"applied {m.version:04d} {m.name}")
+    if not applied:
+        click.echo("schema up to date")

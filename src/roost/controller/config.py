@@ -1,0 +1,122 @@
+"""The controller's configuration: defaults, then a TOML file, then environment variables
+(``ROOST_CONTROLLER_*``), then flags; later sources win. The CLI does the layering; this
+module holds the typed result and reads the file.
+
+The TOML file holds the same names as the flags, with underscores, either at the top
+level or under ``[controller]``::
+
+    [controller]
+    dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
+    interval = 10
+    scale_up_window = 30
+    scale_down_window = 300
+    memory_target_percent = 80
+    static_config = "static-pools.toml"
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from roost.decide.snapshot import PlanSettings
+
+
+class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    interval: float = 10.0
+    scale_up_window: float = 30.0
+    scale_down_window: float = 300.0
+    drain_timeout: float = 600.0
+    memory_target_percent: float = 80.0
+    memory_hard_percent: float = 90.0
+    cpu_target_percent: float = 80.0
+    max_input_age: float | None = None
+    """Inputs older than this freeze the plan; default 3 intervals (at least 30 s)."""
+    heartbeat_timeout: float = 30.0
+    db_total_connections: int | None = None
+    db_non_worker_connections: int = 10
+    db_connections_per_sync_peer: int = 1
+    db_expected_sync_peers: int = 0
+    follower_retry: float = 2.0
+    keepalive_timeout: float = 2.0
+    io_timeout: float = 5.0
+    http_host: str = "127.0.0.1"
+    http_port: int = 9180
+    shadow: bool = False
+    holder: str = ""
+    static_config: str | None = None
+    fake: bool = False
+    """Serve an in-memory ``fake`` orchestrator (demos and tests only)."""
+    migrate: bool = True
+
+    @property
+    def holder_name(self) -> str:
+        return self.holder or f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def input_age_limit(self) -> float:
+        if self.max_input_age is not None:
+            return self.max_input_age
+        return max(30.0, 3 * self.interval)
+
+    def plan_settings(self) -> PlanSettings:
+        return PlanSettings(
+            scale_up_window=self.scale_up_window,
+            scale_down_window=self.scale_down_window,
+            drain_timeout=self.drain_timeout,
+            memory_target_percent=self.memory_target_percent,
+            memory_hard_percent=self.memory_hard_percent,
+            cpu_target_percent=self.cpu_target_percent,
+            max_input_age=self.input_age_limit,
+            heartbeat_timeout=self.heartbeat_timeout,
+            db_total_connections=self.db_total_connections,
+            db_non_worker_connections=self.db_non_worker_connections,
+            db_connections_per_sync_peer=self.db_connections_per_sync_peer,
+            db_expected_sync_peers=self.db_expected_sync_peers,
+        )
+
+    def validate(self) -> ControllerConfig:
+        """Raise ValueError naming the setting at fault."""
+        for name in ("interval", "follower_retry", "keepalive_timeout", "io_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if not 0 <= self.http_port <= 65535:
+            raise ValueError("http_port must be a TCP port")
+        self.plan_settings().validate()
+        return self
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """The settings in a TOML file (top level or ``[controller]``), not yet validated."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    table = doc.get("controller", doc)
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: [controller] must be a table")
+    out = {k.replace("-", "_"): v for k, v in table.items()}
+    for key in ("static_config",):  # paths in the file are relative to the file
+        if isinstance(out.get(key), str) and not Path(out[key]).is_absolute():
+            out[key] = str(path.parent / out[key])
+    return out
+
+
+def build(*layers: dict[str, Any]) -> ControllerConfig:
+    """A config from layered settings (later wins; None means "not given")."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update({k: v for k, v in layer.items() if v is not None})
+    try:
+        cfg = msgspec.convert(merged, ControllerConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"controller config: {exc}") from None
+    return cfg.validate()

@@ -1,0 +1,171 @@
+"""The reconcile loop: every interval, lead or follow, and as leader read, plan, publish
+and act.
+
+A tick as leader:
+
+1. keep-alive on the leader connection (step down at once on failure);
+2. read the snapshot (`roost.controller.inputs`): read errors freeze what they concern;
+3. plan (`roost.decide.plan.plan`, pure, with ``now`` from the injected clock);
+4. publish every pool's desired capacity, fenced, valid for two intervals;
+5. apply the steps (`roost.controller.actuator`), or in shadow mode only log them.
+
+A follower reads the plan the leader published, so any replica's /status shows it.
+The demand history that the windows need lives in the leader's memory and starts empty
+on every new leadership: a new leader must observe a window itself before it acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from roost.controller.actuator import ActionRecord, Actuator
+from roost.controller.clock import Clock
+from roost.controller.config import ControllerConfig
+from roost.controller.inputs import DB_ERRORS, read_snapshot
+from roost.controller.leadership import Leadership, LeadershipError
+from roost.controller.metrics import ControllerMetrics
+from roost.controller.orchestrator import Orchestrator
+from roost.decide.plan import Plan, PoolHistory, plan
+from roost.decide.snapshot import Demand
+from roost.store import fenced, runtime
+from roost.store.errors import StaleEpoch
+
+log = logging.getLogger("roost.controller")
+
+
+@dataclass(slots=True)
+class TickResult:
+    leader: bool
+    plan: Plan | None = None
+    actions: list[ActionRecord] = field(default_factory=list)
+    error: str | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        db: Any,
+        leadership: Leadership,
+        orchestrators: Mapping[str, Orchestrator],
+        config: ControllerConfig,
+        clock: Clock,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
+        self.db = db
+        self.leadership = leadership
+        self.orchestrators = orchestrators
+        self.config = config
+        self.settings = config.plan_settings()
+        self.clock = clock
+        self.metrics = metrics or ControllerMetrics()
+        self.actuator = Actuator(db, orchestrators, clock=clock, timeout=config.io_timeout,
+                                 still_leader=lambda: leadership.is_leader)
+        self.history: dict[str, PoolHistory] = {}
+        self.last_plan: Plan | None = None
+        self.published: list[runtime.Published] = []
+        self.queue: dict[str, Demand] = {}
+        self.last_run_at: float | None = None
+        self.last_error: str | None = None
+        self.actions: deque[ActionRecord] = deque(maxlen=100)
+        self.stopped = False
+        self._epoch_seen: int | None = None
+
+    # ---- readiness -------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready as leader and as follower; not before the first tick, after a failed
+        tick, or when the loop has not finished a tick for three intervals."""
+        if self.stopped:
+            return False, "stopped"
+        if self.last_run_at is None:
+            return False, "no tick has completed yet"
+        if self.last_error:
+            return False, self.last_error
+        age = self.clock.time() - self.last_run_at
+        if age > 3 * self.config.interval:
+            return False, f"the last tick finished {age:.0f}s ago"
+        return True, "leader" if self.leadership.is_leader else "follower"
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                await self.tick()
+                await self.clock.sleep(self.config.interval, wake=stop)
+        finally:
+            self.stopped = True
+            await self.leadership.close()
+
+    async def tick(self) -> TickResult:
+        started = self.clock.monotonic()
+        result = TickResult(leader=False)
+        try:
+            leading = await self.leadership.ensure()
+            result.leader = leading
+            if leading:
+                await self._lead(result)
+            else:
+                await self._follow()
+        except StaleEpoch as exc:
+            await self.leadership.step_down(str(exc))
+            result.error = f"deposed: {exc}"
+        except LeadershipError as exc:
+            result.error = str(exc)
+        except DB_ERRORS as exc:
+            result.error = f"database: {exc or type(exc).__name__}"
+        if result.error:
+            log.warning("tick failed: %s", result.error)
+        role = "leader" if result.leader else "follower"
+        self.last_error = result.error
+        self.last_run_at = self.clock.time()
+        m = self.metrics
+        m.ticks.labels(role, "error" if result.error else "ok").inc()
+        m.tick_seconds.labels(role).observe(self.clock.monotonic() - started)
+        m.last_run.set(self.last_run_at)
+        m.is_leader.set(1 if self.leadership.is_leader else 0)
+        m.epoch.set(self.leadership.epoch or 0)
+        return result
+
+    async def _follow(self) -> None:
+        self.history = {}
+        self.last_plan = None
+        self._epoch_seen = None
+        async with self.db.acquire() as conn:
+            timeout = self.config.io_timeout
+            self.published = await runtime.read_published(conn, timeout=timeout)
+            self.queue = await runtime.read_demand(conn, timeout=timeout)
+
+    async def _lead(self, result: TickResult) -> None:
+        epoch = self.leadership.epoch
+        assert epoch is not None
+        if epoch != self._epoch_seen:
+            self.history = {}  # a new leadership observes its windows afresh
+            self._epoch_seen = epoch
+        snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
+                                       timeout=self.config.io_timeout)
+        now = self.clock.time()
+        p = plan(snapshot, self.history, now=now, settings=self.settings)
+        self.history = p.history
+        self.last_plan = result.plan = p
+        self.queue = {x.spec.pool_id: x.demand for x in snapshot.pools if x.demand is not None}
+        self.metrics.observe_plan(p)
+        await fenced.publish_desired(
+            self.db, epoch,
+            [fenced.DesiredRow(x.pool_id, x.desired_replicas, x.current_replicas, x.raw_desired,
+                               x.reason, x.frozen_reason) for x in p.pools],
+            now=now, valid_until=now + 2 * self.config.interval,
+        )
+        specs = {x.spec.pool_id: x.spec for x in snapshot.pools}
+        try:
+            await self.actuator.apply(p, specs, epoch=epoch, shadow=self.config.shadow,
+                                      records=result.actions)
+        finally:
+            self.actions.extend(result.actions)
+            self.metrics.observe_actions(result.actions)

@@ -1,0 +1,91 @@
+"""Running a controller: migrations, the orchestrator adapters, leadership, the loop and
+the HTTP server, started together and stopped together.
+
+`roost controller` calls `serve()`; `roost up` and tests can call it too, with their own
+adapters, clock and stop event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import asyncpg
+import uvicorn
+
+from roost.controller.adapters import FakeOrchestrator, StaticOrchestrator
+from roost.controller.clock import Clock, SystemClock
+from roost.controller.config import ControllerConfig
+from roost.controller.http import build_app
+from roost.controller.leadership import Leadership
+from roost.controller.loop import Controller
+from roost.controller.orchestrator import Orchestrator
+from roost.store.migrations import migrate_dsn
+
+log = logging.getLogger("roost.controller")
+
+
+def build_orchestrators(config: ControllerConfig, clock: Clock) -> dict[str, Orchestrator]:
+    """The adapters this controller serves, by the name pools refer to."""
+    out: dict[str, Orchestrator] = {}
+    if config.static_config:
+        out["static"] = StaticOrchestrator(Path(config.static_config), now=clock.time)
+    if config.fake:
+        out["fake"] = FakeOrchestrator(now=clock.time)
+    return out
+
+
+async def serve(
+    config: ControllerConfig,
+    *,
+    orchestrators: Mapping[str, Orchestrator] | None = None,
+    clock: Clock | None = None,
+    stop: asyncio.Event | None = None,
+    started: asyncio.Event | None = None,
+) -> None:
+    """Run until ``stop`` is set or the process gets SIGINT/SIGTERM (via uvicorn)."""
+    clock = clock or SystemClock()
+    stop = stop or asyncio.Event()
+    if config.migrate:
+        applied = await migrate_dsn(config.dsn)
+        for m in applied:
+            log.info("applied migration %04d %s", m.version, m.name)
+    adapters = dict(orchestrators) if orchestrators is not None else build_orchestrators(
+        config, clock)
+    db = await asyncpg.create_pool(config.dsn, min_size=1, max_size=4)
+    leadership = Leadership(
+        config.dsn, holder=config.holder_name, clock=clock,
+        retry_interval=config.follower_retry, keepalive_timeout=config.keepalive_timeout,
+        idle_session_timeout=max(10.0, 3 * config.interval),
+    )
+    controller = Controller(db=db, leadership=leadership, orchestrators=adapters,
+                            config=config, clock=clock)
+    server = uvicorn.Server(uvicorn.Config(
+        build_app(controller), host=config.http_host, port=config.http_port,
+        log_level="warning", lifespan="off", access_log=False,
+    ))
+    loop_task = asyncio.create_task(controller.run(stop), name="controller-loop")
+    http_task = asyncio.create_task(server.serve(), name="controller-http")
+    log.info("controller %s on http://%s:%s (shadow=%s)", config.holder_name,
+             config.http_host, config.http_port, config.shadow)
+    try:
+        # uvicorn offers a flag, not an event, for "listening".
+        while not server.started and not http_task.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if started is not None:
+            started.set()
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({loop_task, http_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+    finally:
+        stop.set()
+        server.should_exit = True
+        for task in (loop_task, http_task):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for adapter in adapters.values():
+            await adapter.close()
+        await db.close()

@@ -1,0 +1,116 @@
+"""Worker pool configuration: create, read, update, delete.
+
+Pools are returned as `roost.decide.snapshot.PoolSpec`, the very type the plan takes, so
+there is no second pool model to keep in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import asyncpg
+
+from roost.decide.snapshot import PoolSpec
+from roost.store.errors import InvalidPool, PoolBusy, PoolExists, PoolNotFound
+
+_COLUMNS = {
+    "pool_id": "id",
+    "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas",
+    "target_per_replica": "target_per_replica",
+    "worker_cpu_milli": "worker_cpu_milli",
+    "worker_mem_mib": "worker_mem_mib",
+    "worker_db_pool_size": "worker_db_pool_size",
+    "expected_revision": "expected_revision",
+    "orchestrator": "orchestrator",
+    "orchestrator_ref": "orchestrator_ref",
+}
+_SELECT = "SELECT " + ", ".join(f"{c} AS {f}" for f, c in _COLUMNS.items()) + " FROM worker_pools"
+
+
+def _spec(row: Any) -> PoolSpec:
+    return PoolSpec(**{f.name: row[f.name] for f in fields(PoolSpec)})
+
+
+def validate(spec: PoolSpec) -> None:
+    """The schema's constraints, checked before a round trip so the message is clear."""
+    if spec.min_replicas < 0 or spec.max_replicas < spec.min_replicas:
+        raise InvalidPool("need 0 <= min_replicas <= max_replicas")
+    if spec.target_per_replica <= 0:
+        raise InvalidPool("target_per_replica must be > 0")
+    if spec.worker_cpu_milli <= 0 or spec.worker_mem_mib <= 0:
+        raise InvalidPool("worker cpu and memory must be > 0")
+    if spec.worker_db_pool_size < 0:
+        raise InvalidPool("worker_db_pool_size must be >= 0")
+    if not spec.orchestrator:
+        raise InvalidPool("orchestrator must be named")
+
+
+async def list_pools(conn: Any) -> list[PoolSpec]:
+    return [_spec(r) for r in await conn.fetch(_SELECT + " ORDER BY id")]
+
+
+async def get_pool(conn: Any, pool_id: str) -> PoolSpec:
+    row = await conn.fetchrow(_SELECT + " WHERE id = $1", pool_id)
+    if row is None:
+        raise PoolNotFound(pool_id)
+    return _spec(row)
+
+
+async def create_pool(conn: Any, spec: PoolSpec) -> PoolSpec:
+    validate(spec)
+    cols = ", ".join(_COLUMNS.values())
+    args = ", ".join(f"${i + 1}" for i in range(len(_COLUMNS)))
+    try:
+        await conn.execute(
+            f"INSERT INTO worker_pools ({cols}) VALUES ({args})",
+            *(getattr(spec, f) for f in _COLUMNS),
+        )
+    except asyncpg.UniqueViolationError:
+        raise PoolExists(spec.pool_id) from None
+    except asyncpg.CheckViolationError as exc:
+        raise InvalidPool(f"pool {spec.pool_id!r} rejected: {exc.constraint_name}") from None
+    return spec
+
+
+async def update_pool(conn: Any, pool_id: str, **changes: Any) -> PoolSpec:
+    """Change some fields of a pool; the id cannot change (workers and tasks refer to it)."""
+    unknown = set(changes) - set(_COLUMNS) | ({"pool_id"} & set(changes))
+    if unknown:
+        raise InvalidPool(f"cannot update {', '.join(sorted(unknown))}")
+    async with conn.transaction():
+        current = await conn.fetchrow(_SELECT + " WHERE id = $1 FOR UPDATE", pool_id)
+        if current is None:
+            raise PoolNotFound(pool_id)
+        spec = replace(_spec(current), **changes)
+        validate(spec)
+        sets = ", ".join(f"{_COLUMNS[f]} = ${i + 2}" for i, f in enumerate(changes))
+        if sets:
+            await conn.execute(
+                f"UPDATE worker_pools SET {sets}, updated_at = now() WHERE id = $1",
+                pool_id, *changes.values(),
+            )
+    return spec
+
+
+async def delete_pool(conn: Any, pool_id: str, *, force: bool = False) -> None:
+    """Delete a pool. Refused while it has live workers or open tasks, unless ``force``:
+    deleting it would orphan work that is still running."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            "SELECT (SELECT count(*) FROM workers w WHERE w.pool_id = p.id "
+            "        AND w.status <> 'gone') AS live, "
+            "       (SELECT count(*) FROM tasks t WHERE t.pool_id = p.id "
+            "        AND t.status IN ('queued', 'running')) AS open "
+            "FROM worker_pools p WHERE p.id = $1 FOR UPDATE",
+            pool_id,
+        )
+        if row is None:
+            raise PoolNotFound(pool_id)
+        if (row["live"] or row["open"]) and not force:
+            raise PoolBusy(
+                f"pool {pool_id!r} has {row['live']} live workers and {row['open']} open "
+                "tasks; drain it first or force the delete"
+            )
+        await conn.execute("DELETE FROM worker_pools WHERE id = $1", pool_id)

@@ -1,0 +1,110 @@
+"""What the controller reads each tick: demand, workers, database health, and the plan
+the leader last published (for followers' /status).
+
+One query per kind for all pools, not one per pool: a tick over 100 pools and 10,000
+workers is a handful of round trips.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from roost.decide.snapshot import DbHealth, Demand, WorkerStatus, WorkerView
+from roost.store.timeconv import from_ts
+
+
+async def read_demand(conn: Any, *, timeout: float | None = None) -> dict[str, Demand]:
+    rows = await conn.fetch("SELECT pool_id, queued, running FROM pool_queue", timeout=timeout)
+    return {str(r["pool_id"]): Demand(int(r["queued"]), int(r["running"])) for r in rows}
+
+
+async def read_workers(
+    conn: Any, *, timeout: float | None = None
+) -> dict[str, list[WorkerView]]:
+    """Every live (not gone) worker, by pool."""
+    rows = await conn.fetch(
+        "SELECT id, pool_id, status, running_tasks, active_leases, revision, instance_ref, "
+        "heartbeat_at, draining_since, removal_target FROM workers WHERE status <> 'gone'",
+        timeout=timeout,
+    )
+    out: dict[str, list[WorkerView]] = defaultdict(list)
+    for r in rows:
+        out[str(r["pool_id"])].append(
+            WorkerView(
+                worker_id=str(r["id"]),
+                status=WorkerStatus(r["status"]),
+                running_tasks=int(r["running_tasks"]),
+                active_leases=int(r["active_leases"]),
+                revision=str(r["revision"]),
+                instance_ref=str(r["instance_ref"]),
+                heartbeat_at=float(r["heartbeat_at"].timestamp()),
+                draining_since=from_ts(r["draining_since"]),
+                removal_target=r["removal_target"],
+            )
+        )
+    return dict(out)
+
+
+async def read_db_health(conn: Any, *, observed_at: float,
+                         timeout: float | None = None) -> DbHealth:
+    """Connection limits and replication state of the server the workers use.
+
+    ``reserved_connections`` exists from Postgres 16; before, only the superuser slots
+    are reserved. Synchronous peers are the walsenders in 'sync' or 'quorum' state.
+    """
+    row = await conn.fetchrow(
+        "SELECT current_setting('max_connections')::int AS max_connections, "
+        "current_setting('superuser_reserved_connections')::int "
+        "  + coalesce(nullif(current_setting('reserved_connections', true), ''), '0')::int "
+        "  AS reserved, "
+        "(SELECT count(*) FROM pg_stat_replication "
+        "  WHERE sync_state IN ('sync', 'quorum'))::int AS sync_peers, "
+        "pg_is_in_recovery() AS in_recovery",
+        timeout=timeout,
+    )
+    return DbHealth(
+        max_connections=int(row["max_connections"]),
+        reserved_connections=int(row["reserved"]),
+        sync_peers=int(row["sync_peers"]),
+        in_recovery=bool(row["in_recovery"]),
+        observed_at=observed_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A row of ``desired_capacity``: what the leader last decided for a pool."""
+
+    pool_id: str
+    desired: int | None
+    current: int | None
+    raw_desired: int | None
+    reason: str
+    frozen_reason: str | None
+    valid_until: float
+    leader_epoch: int
+    published_at: float
+
+
+async def read_published(conn: Any, *, timeout: float | None = None) -> list[Published]:
+    rows = await conn.fetch(
+        "SELECT pool_id, desired, current, raw_desired, reason, frozen_reason, valid_until, "
+        "leader_epoch, published_at FROM desired_capacity ORDER BY pool_id",
+        timeout=timeout,
+    )
+    return [
+        Published(
+            pool_id=str(r["pool_id"]),
+            desired=r["desired"],
+            current=r["current"],
+            raw_desired=r["raw_desired"],
+            reason=str(r["reason"]),
+            frozen_reason=r["frozen_reason"],
+            valid_until=float(r["valid_until"].timestamp()),
+            leader_epoch=int(r["leader_epoch"]),
+            published_at=float(r["published_at"].timestamp()),
+        )
+        for r in rows
+    ]
