@@ -119,6 +119,7 @@ class StaticOrchestrator:
             mtime = self.path.stat().st_mtime_ns
         except OSError as exc:
             self._error = f"cannot read {self.path}: {exc.strerror}"
+            self._mtime = -1  # re-parse when it comes back, whatever its mtime
             return
         if mtime == self._mtime:
             return

@@ -1,0 +1,95 @@
+"""``roost pools``, ``roost db migrate`` and ``roost controller``'s settings, through the
+click objects (the commands run their own event loop, so they run in a thread here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from click.testing import CliRunner, Result
+
+from roost.controller.cli import controller, db, pools
+
+
+async def invoke(cmd: Any, *args: str, env: dict[str, str] | None = None) -> Result:
+    return await asyncio.to_thread(CliRunner().invoke, cmd, list(args), env=env)
+
+
+async def test_db_migrate_is_idempotent(pg_dsn: str) -> None:
+    first = await invoke(db, "migrate", "--dsn", pg_dsn)
+    assert first.exit_code == 0, first.output
+    assert "applied 0001 controller" in first.output and "applied 0002 tasks" in first.output
+    again = await invoke(db, "migrate", env={"ROOST_CONTROLLER_DSN": pg_dsn})
+    assert again.exit_code == 0 and "up to date" in again.output
+
+
+async def test_pools_create_list_update_delete(pg_dsn: str) -> None:
+    assert (await invoke(db, "migrate", "--dsn", pg_dsn)).exit_code == 0
+    env = {"ROOST_DSN": pg_dsn}
+    made = await invoke(pools, "create", "batch", "--max", "8", "--target", "4",
+                        "--cpu-milli", "500", "--memory-mib", "1024", "--db-pool-size", "3",
+                        "--orchestrator", "static", "--ref", "batch", env=env)
+    assert made.exit_code == 0, made.output
+    dup = await invoke(pools, "create", "batch", "--max", "8", "--target", "4",
+                       "--cpu-milli", "500", "--memory-mib", "1024", "--db-pool-size", "3",
+                       "--orchestrator", "static", env=env)
+    assert dup.exit_code == 1 and "already exists" in dup.output
+    listed = await invoke(pools, "list", "--json", env=env)
+    [row] = json.loads(listed.output)
+    assert (row["pool_id"], row["max_replicas"], row["target_per_replica"]) == ("batch", 8, 4)
+    upd = await invoke(pools, "update", "batch", "--min", "2", "--revision", "r7", "--json",
+                       env=env)
+    assert upd.exit_code == 0, upd.output
+    [row] = json.loads(upd.output)
+    assert (row["min_replicas"], row["expected_revision"], row["max_replicas"]) == (2, "r7", 8)
+    bad = await invoke(pools, "update", "batch", "--min", "9", env=env)
+    assert bad.exit_code == 1 and "min_replicas <= max_replicas" in bad.output
+    table = await invoke(pools, "list", env={**env, "COLUMNS": "200"})
+    assert "batch" in table.output and "static" in table.output
+
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute("INSERT INTO workers (id, pool_id) VALUES ('w1', 'batch')")
+        busy = await invoke(pools, "delete", "batch", env=env)
+        assert busy.exit_code == 1 and "1 live workers" in busy.output
+        forced = await invoke(pools, "delete", "batch", "--force", env=env)
+        assert forced.exit_code == 0
+        assert await conn.fetchval("SELECT count(*) FROM workers") == 0
+    finally:
+        await conn.close()
+    missing = await invoke(pools, "delete", "batch", env=env)
+    assert missing.exit_code == 1 and "no worker pool 'batch'" in missing.output
+
+
+async def test_pools_without_a_schema_say_so(pg_dsn: str) -> None:
+    res = await invoke(pools, "list", "--dsn", pg_dsn)
+    assert res.exit_code == 1 and "roost db migrate" in res.output
+
+
+async def test_controller_settings_flag_beats_env_beats_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "controller.toml"
+    cfg.write_text('[controller]\ninterval = 5\nscale_up_window = 11\n'
+                   'memory_target_percent = 70\nstatic_config = "pools.toml"\n')
+    env = {"ROOST_CONTROLLER_SCALE_UP_WINDOW": "22", "ROOST_CONTROLLER_SHADOW": "true"}
+    res = await invoke(controller, "--config", str(cfg), "--memory-target-percent", "75",
+                       "--print-config", env=env)
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["interval"] == 5  # file
+    assert got["scale_up_window"] == 22  # env beats file
+    assert got["memory_target_percent"] == 75  # flag beats file
+    assert got["shadow"] is True
+    assert got["static_config"] == str(tmp_path / "pools.toml")  # relative to the file
+
+
+async def test_controller_rejects_bad_settings(tmp_path: Path) -> None:
+    res = await invoke(controller, "--memory-target-percent", "95", "--memory-hard-percent",
+                       "90", "--print-config")
+    assert res.exit_code == 2 and "memory target" in res.output
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[controller]\nintervall = 5\n")
+    res = await invoke(controller, "--config", str(cfg), "--print-config")
+    assert res.exit_code == 2 and "intervall" in res.output
