@@ -135,6 +135,8 @@ class Controller:
 
     async def _follow(self) -> None:
         self.history = {}
+        if self.last_plan is not None:
+            self.metrics.clear_plan()
         self.last_plan = None
         self._epoch_seen = None
         async with self.db.acquire() as conn:

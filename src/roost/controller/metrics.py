@@ -36,9 +36,13 @@ class ControllerMetrics:
                                "Scale actions by kind and outcome.",
                                ["pool", "kind", "outcome"], registry=r)
 
-    def observe_plan(self, plan: Plan) -> None:
+    def clear_plan(self) -> None:
+        """Pools come and go, and a follower has no plan: no stale label set lingers."""
         for g in (self.replicas, self.frozen, self.queue):
-            g.clear()  # pools come and go; stale label sets must not linger
+            g.clear()
+
+    def observe_plan(self, plan: Plan) -> None:
+        self.clear_plan()
         for p in plan.pools:
             for kind, value in (("current", p.current_replicas), ("desired", p.desired_replicas),
                                 ("raw", p.raw_desired)):

@@ -6,6 +6,8 @@ there is no second pool model to keep in step.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -27,6 +29,17 @@ _COLUMNS = {
     "orchestrator_ref": "orchestrator_ref",
 }
 _SELECT = "SELECT " + ", ".join(f"{c} AS {f}" for f, c in _COLUMNS.items()) + " FROM worker_pools"
+
+
+@contextlib.asynccontextmanager
+async def _transaction(db: Any) -> AsyncIterator[Any]:
+    """A transaction on a connection, or on one taken from a pool."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():
+            yield db
 
 
 def _spec(row: Any) -> PoolSpec:
@@ -74,12 +87,12 @@ async def create_pool(conn: Any, spec: PoolSpec) -> PoolSpec:
     return spec
 
 
-async def update_pool(conn: Any, pool_id: str, **changes: Any) -> PoolSpec:
+async def update_pool(db: Any, pool_id: str, /, **changes: Any) -> PoolSpec:
     """Change some fields of a pool; the id cannot change (workers and tasks refer to it)."""
     unknown = set(changes) - set(_COLUMNS) | ({"pool_id"} & set(changes))
     if unknown:
         raise InvalidPool(f"cannot update {', '.join(sorted(unknown))}")
-    async with conn.transaction():
+    async with _transaction(db) as conn:
         current = await conn.fetchrow(_SELECT + " WHERE id = $1 FOR UPDATE", pool_id)
         if current is None:
             raise PoolNotFound(pool_id)
@@ -94,10 +107,10 @@ async def update_pool(conn: Any, pool_id: str, **changes: Any) -> PoolSpec:
     return spec
 
 
-async def delete_pool(conn: Any, pool_id: str, *, force: bool = False) -> None:
+async def delete_pool(db: Any, pool_id: str, *, force: bool = False) -> None:
     """Delete a pool. Refused while it has live workers or open tasks, unless ``force``:
     deleting it would orphan work that is still running."""
-    async with conn.transaction():
+    async with _transaction(db) as conn:
         row = await conn.fetchrow(
             "SELECT (SELECT count(*) FROM workers w WHERE w.pool_id = p.id "
             "        AND w.status <> 'gone') AS live, "

@@ -75,7 +75,9 @@ async def applied(conn: Any) -> dict[int, str]:
 async def migrate(conn: Any, migrations: list[Migration] | None = None) -> list[Migration]:
     """Apply every pending migration in order; return the ones applied now."""
     todo = discover() if migrations is None else migrations
-    await conn.execute(_TABLE)
+    async with conn.transaction():  # CREATE TABLE IF NOT EXISTS races without the lock
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *_LOCK)
+        await conn.execute(_TABLE)
     done: list[Migration] = []
     for mig in todo:
         async with conn.transaction():

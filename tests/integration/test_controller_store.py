@@ -1,0 +1,108 @@
+"""The controller's store on real Postgres: migrations, the queue view, pool validation,
+and the guards in every fenced write."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import asyncpg
+import pytest
+
+from roost.store import fenced, lease, runtime
+from roost.store import pools as pools_q
+from roost.store.errors import InvalidPool, PoolNotFound, StaleEpoch
+from roost.store.migrations import Migration, MigrationError, discover, migrate
+from tests.integration.test_controller_helpers import add_worker, enqueue, open_db, pool_spec
+
+
+@pytest.fixture
+async def db(pg_dsn: str) -> AsyncIterator[Any]:
+    pool = await open_db(pg_dsn)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def test_concurrent_migrations_apply_each_version_once(pg_dsn: str) -> None:
+    conns = [await asyncpg.connect(pg_dsn) for _ in range(3)]
+    try:
+        done = await asyncio.gather(*(migrate(c) for c in conns))
+        assert sum(len(d) for d in done) == len(discover())  # each applied by one
+        versions = await conns[0].fetch("SELECT version FROM roost_schema_migrations")
+        assert sorted(r["version"] for r in versions) == [m.version for m in discover()]
+        assert await migrate(conns[0]) == []
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_an_edited_migration_is_refused(db: Any) -> None:
+    first = discover()[0]
+    async with db.acquire() as conn:
+        with pytest.raises(MigrationError, match="changed after it was applied"):
+            await migrate(conn, [Migration(first.version, first.name, first.sql + "\n-- x")])
+
+
+async def test_the_queue_view_counts_queued_and_running_per_pool(db: Any) -> None:
+    for pid in ("a", "b", "idle"):
+        await pools_q.create_pool(db, pool_spec(pid))
+    await enqueue(db, "a", 3)
+    await enqueue(db, "a", 2, status="running")
+    await enqueue(db, "a", 4, status="done")
+    await enqueue(db, "b", 1, status="running")
+    demand = await runtime.read_demand(db)
+    assert {k: (v.queued, v.running) for k, v in demand.items()} == {
+        "a": (3, 2), "b": (0, 1), "idle": (0, 0)}
+
+
+async def test_pool_validation_and_updates(db: Any) -> None:
+    spec = await pools_q.create_pool(db, pool_spec("web"))
+    with pytest.raises(InvalidPool):
+        await pools_q.create_pool(db, replace(spec, pool_id="Bad_Id"))
+    with pytest.raises(InvalidPool):
+        await pools_q.create_pool(db, replace(spec, pool_id="x", min_replicas=5, max_replicas=2))
+    with pytest.raises(InvalidPool, match="cannot update pool_id"):
+        await pools_q.update_pool(db, "web", pool_id="other")
+    with pytest.raises(PoolNotFound):
+        await pools_q.update_pool(db, "nope", max_replicas=3)
+    updated = await pools_q.update_pool(db, "web", max_replicas=3, expected_revision="r9")
+    assert await pools_q.get_pool(db, "web") == updated
+    assert (updated.max_replicas, updated.expected_revision) == (3, "r9")
+
+
+async def test_fenced_writes_guard_worker_state(db: Any) -> None:
+    await pools_q.create_pool(db, pool_spec("p"))
+    async with db.acquire() as conn:
+        epoch = await lease.bump_epoch(conn, "me")
+    now = time.time()
+    await add_worker(db, "p", "busy", at=now, running=2)
+    await add_worker(db, "p", "idle", at=now)
+    assert await fenced.mark_draining(db, epoch, "p", "busy", now=now)
+    assert not await fenced.mark_draining(db, epoch, "p", "busy", now=now)  # already
+    assert not await fenced.commit_removal(db, epoch, "p", "busy", 1)  # still running tasks
+    assert not await fenced.commit_removal(db, epoch, "p", "idle", 1)  # not draining
+    assert await fenced.mark_draining(db, epoch, "p", "idle", now=now)
+    assert await fenced.commit_removal(db, epoch, "p", "idle", 1)
+    assert await fenced.commit_removal(db, epoch, "p", "idle", 1)  # idempotent
+    assert not await fenced.commit_removal(db, epoch, "p", "idle", 0)  # another count: no
+    assert not await fenced.reactivate(db, epoch, "p", "idle")  # committed: never
+    assert await fenced.reactivate(db, epoch, "p", "busy")
+    assert await fenced.mark_gone(db, epoch, "p", "idle")
+    workers = await runtime.read_workers(db)
+    assert {w.worker_id: w.status.value for w in workers["p"]} == {"busy": "active"}
+    async with db.acquire() as conn:
+        await lease.bump_epoch(conn, "someone else")
+    with pytest.raises(StaleEpoch):
+        await fenced.mark_draining(db, epoch, "p", "busy", now=now)
+    assert (await runtime.read_workers(db))["p"][0].status.value == "active"
+
+
+async def test_database_health_reads_the_server(db: Any) -> None:
+    health = await runtime.read_db_health(db, observed_at=1.0)
+    assert health.max_connections == 200 and health.reserved_connections >= 3
+    assert (health.sync_peers, health.in_recovery) == (0, False)
