@@ -16,6 +16,12 @@ LAUNCH_LOOKUP = "roost.launch.lookup"
 CAPACITY_ALL = "roost.capacity.*"
 INSTANCES_BUCKET = "roost_instances"
 """JetStream KV bucket: instance id -> InstanceRecord, written by the owning node."""
+TAGS_BUCKET = "roost_instance_tags"
+"""JetStream KV bucket: instance id -> its full tag set (JSON object) once CreateTags or
+DeleteTags changed it; written by gateways with compare-and-set, never by nodes."""
+CLIENT_TOKENS_BUCKET = "roost_client_tokens"
+"""JetStream KV bucket with a TTL: hash(owner, ClientToken) -> the RunInstances result,
+written by gateways."""
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -9,6 +9,7 @@ RoostError
  │    ├── InvalidInstanceIDMalformed 400  InvalidInstanceID.Malformed
  │    ├── InvalidInstanceIDNotFound  400  InvalidInstanceID.NotFound
  │    ├── InvalidAMIIDNotFound       400  InvalidAMIID.NotFound
+ │    ├── InvalidID                  400  a resource id of no kind roost knows
  │    ├── IncorrectInstanceState     400
  │    ├── IdempotentParameterMismatch 400
  │    ├── InvalidPaginationToken     400
@@ -69,6 +70,10 @@ class InvalidInstanceIDNotFound(ClientError):
 
 class InvalidAMIIDNotFound(ClientError):
     code = "InvalidAMIID.NotFound"
+
+
+class InvalidID(ClientError):
+    code = "InvalidID"
 
 
 class IncorrectInstanceState(ClientError):

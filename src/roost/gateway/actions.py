@@ -1,0 +1,121 @@
+"""One function per EC2 action: parse the form, call the model, render the result.
+
+Each handler is three lines on purpose; anything longer belongs in `requests` (what a
+well-formed call is), `service`/`reads` (what it does) or `render` (how EC2 shows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from roost.gateway import render
+from roost.gateway import requests as rq
+from roost.gateway.query import Params
+from roost.gateway.reads import Ec2Reads
+from roost.gateway.service import Ec2Service
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request as the actions see it."""
+
+    params: Params
+    request_id: str
+    service: Ec2Service
+    reads: Ec2Reads
+
+
+Action = Callable[[Call], Awaitable[str]]
+
+
+async def run_instances(c: Call) -> str:
+    reservation = await c.service.run_instances(rq.parse_run_instances(c.params))
+    return render.run_instances(reservation, c.service.types.all(), c.request_id)
+
+
+async def terminate_instances(c: Call) -> str:
+    changes = await c.service.change_state("terminate", rq.parse_instance_ids(c.params))
+    return render.state_changes("TerminateInstances", changes, c.request_id)
+
+
+async def stop_instances(c: Call) -> str:
+    changes = await c.service.change_state("stop", rq.parse_instance_ids(c.params))
+    return render.state_changes("StopInstances", changes, c.request_id)
+
+
+async def start_instances(c: Call) -> str:
+    changes = await c.service.change_state("start", rq.parse_instance_ids(c.params))
+    return render.state_changes("StartInstances", changes, c.request_id)
+
+
+async def describe_instances(c: Call) -> str:
+    page = await c.reads.describe_instances(rq.parse_describe_instances(c.params))
+    return render.describe_instances(page, c.service.types.all(), c.request_id)
+
+
+async def describe_instance_status(c: Call) -> str:
+    page = await c.reads.describe_instance_status(rq.parse_describe_instance_status(c.params))
+    return render.instance_status(page, c.request_id)
+
+
+async def describe_instance_types(c: Call) -> str:
+    page = await c.reads.describe_instance_types(rq.parse_describe_instance_types(c.params))
+    return render.instance_types(page, c.request_id)
+
+
+async def describe_availability_zones(c: Call) -> str:
+    zones = c.reads.describe_zones(rq.parse_describe_named(c.params, "ZoneName"))
+    return render.zones(zones, c.request_id)
+
+
+async def describe_regions(c: Call) -> str:
+    regions = c.reads.describe_regions(rq.parse_describe_named(c.params, "RegionName"))
+    return render.regions(regions, c.request_id)
+
+
+async def describe_images(c: Call) -> str:
+    images = c.reads.describe_images(rq.parse_describe_named(c.params, "ImageId"))
+    return render.images(images, c.service.site.owner_id, c.request_id)
+
+
+async def create_tags(c: Call) -> str:
+    req = rq.parse_tags(c.params, deleting=False)
+    await c.service.change_tags(req.resource_ids, dict(req.tags), delete=False,
+                                dry_run=req.dry_run)
+    return render.ok("CreateTags", c.request_id)
+
+
+async def delete_tags(c: Call) -> str:
+    req = rq.parse_tags(c.params, deleting=True)
+    await c.service.change_tags(req.resource_ids, dict(req.tags), delete=True,
+                                dry_run=req.dry_run)
+    return render.ok("DeleteTags", c.request_id)
+
+
+async def describe_tags(c: Call) -> str:
+    page = c.reads.describe_tags(rq.parse_describe_tags(c.params))
+    return render.tags(page, c.request_id)
+
+
+async def describe_instance_attribute(c: Call) -> str:
+    attr = await c.reads.describe_instance_attribute(rq.parse_instance_attribute(c.params))
+    return render.instance_attribute(attr, c.request_id)
+
+
+ACTIONS: dict[str, Action] = {
+    "RunInstances": run_instances,
+    "TerminateInstances": terminate_instances,
+    "StopInstances": stop_instances,
+    "StartInstances": start_instances,
+    "DescribeInstances": describe_instances,
+    "DescribeInstanceStatus": describe_instance_status,
+    "DescribeInstanceTypes": describe_instance_types,
+    "DescribeAvailabilityZones": describe_availability_zones,
+    "DescribeRegions": describe_regions,
+    "DescribeImages": describe_images,
+    "CreateTags": create_tags,
+    "DeleteTags": delete_tags,
+    "DescribeTags": describe_tags,
+    "DescribeInstanceAttribute": describe_instance_attribute,
+}

@@ -1,0 +1,149 @@
+"""The ASGI app: the EC2 Query endpoint on ``/``, the admin API, /healthz and /metrics.
+
+The EC2 route reads the raw body itself: SigV4 signs the exact bytes, so nothing may
+consume or re-encode them before the signature is checked. Every outcome, including a
+bug, leaves as EC2 XML with a request id; an unexpected exception is logged with that
+id and answered as ``InternalError``, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from roost.domain.errors import (
+    InternalError,
+    InvalidAction,
+    InvalidParameterValue,
+    MissingParameter,
+    RoostError,
+)
+from roost.gateway import xml
+from roost.gateway.actions import ACTIONS, Call
+from roost.gateway.admin import admin_routes
+from roost.gateway.query import Params, parse_form
+from roost.gateway.reads import Ec2Reads
+from roost.gateway.service import Ec2Service
+from roost.gateway.sigv4 import SignedRequest, SigV4Verifier
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1024 * 1024
+"""Larger than any EC2 call (user data is at most 16 KiB), small enough to refuse early."""
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True, slots=True)
+class AppParts:
+    service: Ec2Service
+    reads: Ec2Reads
+    verifier: SigV4Verifier | None  # None: --no-auth
+
+
+async def _body(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise InvalidParameterValue(f"The request body exceeds {MAX_BODY} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def signed_request(request: Request, body: bytes) -> SignedRequest:
+    raw_path = request.scope.get("raw_path")
+    path = raw_path.decode("latin-1") if raw_path else request.url.path
+    return SignedRequest(
+        method=request.method,
+        path=path.split("?", 1)[0],
+        query=request.scope.get("query_string", b"").decode("latin-1"),
+        headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw],
+        body=body,
+    )
+
+
+def _xml_response(body: str, status: int, request_id: str) -> Response:
+    return Response(body, status, media_type="text/xml",
+                    headers={"x-amzn-RequestId": request_id})
+
+
+def ec2_endpoint(parts: AppParts) -> Endpoint:
+    metrics = parts.service.metrics
+
+    async def handle(request: Request) -> Response:
+        request_id = str(uuid.uuid4())
+        started = time.perf_counter()
+        action = "unknown"
+        try:
+            body = await _body(request)
+            if parts.verifier is not None:
+                parts.verifier.verify(signed_request(request, body))
+            pairs = parse_form(body, request.scope.get("query_string", b"").decode("latin-1"))
+            name = pairs.get("Action", "")
+            if not name:
+                raise MissingParameter("The request must contain the parameter Action")
+            handler = ACTIONS.get(name)
+            if handler is None:
+                raise InvalidAction(f"The action {name[:100]} is not valid for this web service.")
+            action = name
+            text = await handler(Call(Params(pairs), request_id, parts.service, parts.reads))
+            status, code = 200, "ok"
+        except RoostError as err:
+            text, status, code = xml.error(err, request_id), err.http_status, err.code
+        except Exception:
+            log.exception("request %s (%s) failed", request_id, action)
+            bug = InternalError(f"An internal error has occurred (request {request_id}).")
+            text, status, code = xml.error(bug, request_id), bug.http_status, bug.code
+        metrics.requests.labels(action, code).inc()
+        metrics.request_seconds.labels(action).observe(time.perf_counter() - started)
+        return _xml_response(text, status, request_id)
+
+    return handle
+
+
+def signed_only(parts: AppParts, endpoint: Endpoint) -> Endpoint:
+    """Wrap an admin endpoint so that it answers only SigV4-signed requests."""
+
+    async def guarded(request: Request) -> Response:
+        if parts.verifier is not None:
+            try:
+                parts.verifier.verify(signed_request(request, await _body(request)))
+            except RoostError as err:
+                return JSONResponse({"error": err.code, "message": err.message},
+                                    err.http_status)
+        return await endpoint(request)
+
+    return guarded
+
+
+def build_app(parts: AppParts, *, health: Callable[[], tuple[bool, dict[str, object]]]
+              ) -> Starlette:
+    metrics = parts.service.metrics
+
+    async def healthz(request: Request) -> Response:
+        ok, detail = health()
+        return JSONResponse({"status": "ok" if ok else "unavailable", **detail},
+                            200 if ok else 503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        metrics.nodes.set(parts.service.view.live_count())
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    admin = [Route(r.path, signed_only(parts, r.endpoint), methods=["GET"])
+             for r in admin_routes(parts.service)]
+    routes = [
+        Route("/", ec2_endpoint(parts), methods=["GET", "POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *admin,
+    ]
+    return Starlette(routes=routes)

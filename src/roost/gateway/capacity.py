@@ -1,0 +1,162 @@
+"""The live capacity view: every node's last capacity snapshot, less launches in flight.
+
+Nodes push a `CapacitySnapshot` on every change and as a heartbeat, so the launch path
+reads this view and never asks the nodes. The view is advice: a node re-checks under
+its own lock, and anycast remains the fallback, so a stale view costs a retry, never a
+wrong InsufficientInstanceCapacity.
+
+Launches in flight are subtracted as holds. A hold for a launch that succeeded stays
+until a snapshot the node sent after the launch (by the node's own clock: ``sent_at``
+against the instance's launch time) is in the view; one whose outcome is unknown (a
+timeout) stays until the next snapshot. So the view may briefly count an instance twice
+(conservative) but never zero times.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from roost.bus.schemas import CapacitySnapshot
+from roost.decide.placement import NodeView
+from roost.domain.catalog import InstanceType
+from roost.domain.fit import FreeCapacity, assign_gpus, take
+from roost.domain.resources import Resources
+
+Clock = Callable[[], float]
+"""Monotonic seconds; the event loop's clock in service, a counter in tests."""
+
+MISSED_HEARTBEATS = 3.0
+"""A node silent for this many heartbeat periods is no longer a placement candidate."""
+FORGET_AFTER = 60.0
+"""...and after this many seconds it leaves the view (and the admin API) altogether."""
+
+
+@dataclass(slots=True)
+class _Node:
+    snap: CapacitySnapshot
+    seen_at: float
+    inflight: dict[int, InstanceType] = field(default_factory=dict)
+    settling: dict[int, tuple[InstanceType, float | None]] = field(default_factory=dict)
+
+    def clear_settled(self) -> None:
+        """Drop holds the current snapshot already covers."""
+        sent = self.snap.sent_at
+        self.settling = {k: (t, after) for k, (t, after) in self.settling.items()
+                         if after is not None and sent < after}
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    node_id: str
+    hold_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """A snapshot with how long ago it arrived, for the admin API and `roost status`."""
+
+    snap: CapacitySnapshot
+    age_seconds: float
+    live: bool
+
+
+def _free(snap: CapacitySnapshot) -> FreeCapacity:
+    return FreeCapacity(
+        Resources(snap.free_cpu_milli, snap.free_mem_mib),
+        tuple(snap.gpu_free),
+        tuple(snap.gpu_models),
+    )
+
+
+def _less(cap: FreeCapacity, held: list[InstanceType]) -> FreeCapacity:
+    for itype in held:
+        cap = take(cap, itype, assign_gpus(cap, itype) or ())
+    return cap
+
+
+class CapacityView:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._nodes: dict[str, _Node] = {}
+        self._ids = itertools.count(1)
+
+    def apply(self, snap: CapacitySnapshot) -> bool:
+        """Take ``snap`` unless it is older than what the view holds; True if taken.
+
+        Within one agent run ``seq`` orders snapshots. A new ``boot_id`` is a restart
+        and wins, unless its wall-clock stamp is older than what the view holds (a late
+        message from the previous run).
+        """
+        cur = self._nodes.get(snap.node_id)
+        now = self._clock()
+        if cur is None:
+            self._nodes[snap.node_id] = _Node(snap, now)
+            return True
+        if snap.boot_id == cur.snap.boot_id:
+            if snap.seq <= cur.snap.seq:
+                return False
+        elif snap.sent_at < cur.snap.sent_at:
+            return False
+        cur.snap, cur.seen_at = snap, now
+        cur.clear_settled()
+        return True
+
+    def _live(self, node: _Node, now: float) -> bool:
+        period = max(node.snap.heartbeat_seconds, 0.1)
+        return now - node.seen_at <= MISSED_HEARTBEATS * period
+
+    def nodes(self, zone: str = "") -> list[NodeView]:
+        """Live nodes as placement sees them, in-flight launches subtracted."""
+        now = self._clock()
+        out = []
+        for node_id, n in self._nodes.items():
+            if not self._live(n, now) or (zone and n.snap.availability_zone != zone):
+                continue
+            held = [*n.inflight.values(), *(t for t, _ in n.settling.values())]
+            free = _less(_free(n.snap), held)
+            alloc = Resources(n.snap.alloc_cpu_milli, n.snap.alloc_mem_mib)
+            out.append(NodeView(node_id, alloc, free, draining=n.snap.draining))
+        return out
+
+    def status(self) -> list[NodeStatus]:
+        now = self._clock()
+        for node_id in [k for k, n in self._nodes.items() if now - n.seen_at > FORGET_AFTER]:
+            del self._nodes[node_id]
+        return [
+            NodeStatus(n.snap, now - n.seen_at, self._live(n, now))
+            for _, n in sorted(self._nodes.items())
+        ]
+
+    def zones(self) -> set[str]:
+        now = self._clock()
+        return {n.snap.availability_zone for n in self._nodes.values() if self._live(n, now)}
+
+    def advertised_types(self) -> set[str]:
+        """Type names any live node reports a fit count for (it knows the type)."""
+        now = self._clock()
+        return {t for n in self._nodes.values() if self._live(n, now) for t in n.snap.fit}
+
+    def live_count(self) -> int:
+        now = self._clock()
+        return sum(1 for n in self._nodes.values() if self._live(n, now))
+
+    def hold(self, node_id: str, itype: InstanceType) -> Hold:
+        hold = Hold(node_id, next(self._ids))
+        node = self._nodes.get(node_id)
+        if node is not None:
+            node.inflight[hold.hold_id] = itype
+        return hold
+
+    def settle(self, hold: Hold, *, launched: bool, launched_at: float | None = None) -> None:
+        """End a hold. A launch that happened (at ``launched_at``, node clock, if known)
+        or may have happened stays held until a snapshot covers it."""
+        node = self._nodes.get(hold.node_id)
+        if node is None:
+            return
+        itype = node.inflight.pop(hold.hold_id, None)
+        if not launched or itype is None:
+            return
+        if launched_at is None or node.snap.sent_at < launched_at:
+            node.settling[hold.hold_id] = (itype, launched_at)

@@ -1,0 +1,181 @@
+"""``roost gateway`` (serve the EC2 API) and ``roost status`` (a table of the nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from rich.console import Console
+from rich.table import Table
+
+from roost.decide.placement import DEFAULT_POLICY, POLICIES
+from roost.domain.catalog import BUILTIN, parse_types_toml
+from roost.gateway.admin import API_PREFIX
+from roost.gateway.server import Gateway, GatewayConfig
+
+
+def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
+    """``KEY:SECRET`` pairs, each option value possibly holding several (comma/space)."""
+    out = {}
+    for raw in values:
+        for item in raw.replace(",", " ").split():
+            key, sep, secret = item.partition(":")
+            if not sep or not key or not secret:
+                raise click.BadParameter(f"expected KEY:SECRET, got {item!r}",
+                                         param_hint="--credentials")
+            out[key] = secret
+    return out
+
+
+@click.command("gateway")
+@click.option("--nats", "nats_urls", envvar="ROOST_GATEWAY_NATS", multiple=True,
+              default=["nats://127.0.0.1:4222"], show_default=True,
+              help="NATS server URL; repeat for a cluster. Env: ROOST_GATEWAY_NATS.")
+@click.option("--host", envvar="ROOST_GATEWAY_HOST", default="127.0.0.1", show_default=True,
+              help="Bind address. Env: ROOST_GATEWAY_HOST.")
+@click.option("--port", envvar="ROOST_GATEWAY_PORT", type=click.IntRange(0, 65535),
+              default=8773, show_default=True, help="Env: ROOST_GATEWAY_PORT.")
+@click.option("--region", envvar="ROOST_GATEWAY_REGION", default="roost-1", show_default=True,
+              help="The one region this gateway reports. Env: ROOST_GATEWAY_REGION.")
+@click.option("--credentials", "credentials", envvar="ROOST_GATEWAY_CREDENTIALS",
+              multiple=True, metavar="KEY:SECRET",
+              help="Accepted access keys; repeat or comma-separate. "
+                   "Env: ROOST_GATEWAY_CREDENTIALS.")
+@click.option("--no-auth", is_flag=True, envvar="ROOST_GATEWAY_NO_AUTH",
+              help="Accept unsigned requests. For development only; logged loudly.")
+@click.option("--policy", envvar="ROOST_GATEWAY_POLICY", type=click.Choice(POLICIES),
+              default=DEFAULT_POLICY, show_default=True,
+              help="Placement policy. Env: ROOST_GATEWAY_POLICY.")
+@click.option("--types-config", envvar="ROOST_GATEWAY_TYPES_CONFIG",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="TOML of operator-defined instance types (the nodes' file). "
+                   "Env: ROOST_GATEWAY_TYPES_CONFIG.")
+@click.option("--launch-timeout", envvar="ROOST_GATEWAY_LAUNCH_TIMEOUT",
+              type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds to wait for a node's launch reply before reconciling.")
+@click.option("--max-attempts", envvar="ROOST_GATEWAY_MAX_ATTEMPTS",
+              type=click.IntRange(min=1), default=3, show_default=True,
+              help="Node-targeted attempts per instance before falling back to anycast.")
+@click.option("--client-token-ttl", envvar="ROOST_GATEWAY_CLIENT_TOKEN_TTL",
+              type=click.FloatRange(min=60), default=24 * 3600.0, show_default=True,
+              help="Seconds a RunInstances ClientToken is remembered.")
+@click.option("--log-level", envvar="ROOST_GATEWAY_LOG_LEVEL", default="INFO",
+              show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
+            credentials: tuple[str, ...], no_auth: bool, policy: str,
+            types_config: Path | None, launch_timeout: float, max_attempts: int,
+            client_token_ttl: float, log_level: str) -> None:
+    """Serve the EC2 Query API, placing launches on nodes with room.
+
+    Any number of gateways may run against one NATS: they share nothing but the bus
+    and its KV buckets.
+    """
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    catalog = BUILTIN
+    if types_config is not None:
+        try:
+            catalog = BUILTIN.with_types(parse_types_toml(types_config.read_text()))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--types-config") from None
+    try:
+        config = GatewayConfig(
+            nats_urls=[u for raw in nats_urls for u in raw.replace(",", " ").split()],
+            host=host, port=port, region=region, credentials=parse_credentials(credentials),
+            auth=not no_auth, policy=policy, catalog=catalog, launch_timeout=launch_timeout,
+            max_attempts=max_attempts, client_token_ttl=client_token_ttl,
+        )
+        gw = Gateway(config)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        asyncio.run(_serve(gw))
+    except Exception as exc:
+        raise click.ClickException(f"gateway failed: {type(exc).__name__}: {exc}") from None
+
+
+async def _serve(gw: Gateway) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await gw.start()
+    click.echo(f"gateway ready on {gw.endpoint}", err=True)
+    try:
+        await stop.wait()
+    finally:
+        await gw.stop()
+
+
+def fetch_signed(endpoint: str, path: str, *, key: str | None, secret: str | None,
+                 region: str, timeout: float = 5.0) -> Any:
+    """GET ``path`` from the gateway's admin API, SigV4-signed when keys are given."""
+    url = endpoint.rstrip("/") + path
+    headers: dict[str, str] = {}
+    if key and secret:
+        req = AWSRequest(method="GET", url=url, data=b"")
+        SigV4Auth(Credentials(key, secret), "ec2", region).add_auth(req)
+        headers = dict(req.headers.items())
+    resp = httpx.get(url, headers=headers, timeout=timeout)
+    if resp.status_code != 200:
+        raise click.ClickException(f"{url}: HTTP {resp.status_code}: {resp.text[:200]}")
+    return resp.json()
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}"
+
+
+def nodes_table(nodes: list[dict[str, Any]]) -> Table:
+    table = Table(title="roost nodes")
+    for col in ("node", "zone", "state", "vCPU free/alloc", "GiB free/alloc", "GPUs free",
+                "instances", "fits (most)"):
+        table.add_column(col, justify="right" if "/" in col or col == "instances" else "left")
+    for n in nodes:
+        state = "draining" if n["draining"] else ("live" if n["live"] else "silent")
+        free, alloc = n["free"], n["allocatable"]
+        fits = sorted(n["fit"].items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        gpus = ", ".join(f"{g['model']}:{g['free_milli']}" for g in n["gpus"]) or "-"
+        table.add_row(
+            n["node_id"], n["availability_zone"], state,
+            f"{free['cpu_milli'] / 1000:g}/{alloc['cpu_milli'] / 1000:g}",
+            f"{_gib(free['mem_mib'])}/{_gib(alloc['mem_mib'])}",
+            gpus, str(n["instances"]),
+            ", ".join(f"{t}={c}" for t, c in fits) or "-",
+        )
+    return table
+
+
+@click.command("status")
+@click.option("--endpoint", envvar=["ROOST_ENDPOINT", "AWS_ENDPOINT_URL_EC2"],
+              default="http://127.0.0.1:8773", show_default=True,
+              help="The gateway. Env: ROOST_ENDPOINT or AWS_ENDPOINT_URL_EC2.")
+@click.option("--region", envvar="AWS_DEFAULT_REGION", default="roost-1", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the admin API's JSON.")
+def status(endpoint: str, region: str, as_json: bool) -> None:
+    """A table of the nodes the gateway sees: free and allocatable capacity, what fits.
+
+    Signs with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from the environment.
+    """
+    try:
+        data = fetch_signed(endpoint, f"{API_PREFIX}/nodes",
+                            key=os.environ.get("AWS_ACCESS_KEY_ID"),
+                            secret=os.environ.get("AWS_SECRET_ACCESS_KEY"), region=region)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {endpoint}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = Console()
+    console.print(nodes_table(data["nodes"]))

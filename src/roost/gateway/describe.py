@@ -1,0 +1,162 @@
+"""Filters and pages for the Describe* actions: pure functions over plain records.
+
+EC2 filter values may use ``*`` (any run of characters) and ``?`` (one character), with
+``\\`` escaping either. A record matches when, for every filter, one of its values
+matches one of the filter's values. An unknown filter name is a 400, not an empty
+answer, so a typo is never mistaken for "nothing there".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import TypeVar
+
+from roost.bus.schemas import InstanceRecord
+from roost.domain.catalog import InstanceType
+from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
+from roost.domain.lifecycle import InstanceState
+from roost.gateway.model import Paged, TagRow
+from roost.gateway.requests import Filter, Page
+
+T = TypeVar("T")
+Field = Callable[[T], Iterable[str]]
+"""The values of one filterable field of a record (several for tags)."""
+
+
+@lru_cache(maxsize=512)
+def _pattern(value: str) -> re.Pattern[str]:
+    out, i = [], 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\" and i + 1 < len(value):
+            out.append(re.escape(value[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "*" else "." if c == "?" else re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def wildcard_match(pattern: str, value: str) -> bool:
+    return _pattern(pattern).fullmatch(value) is not None
+
+
+def _tag_filter(name: str) -> Callable[[Mapping[str, str]], Iterable[str]] | None:
+    if name.startswith("tag:"):
+        key = name[4:]
+        return lambda tags: [tags[key]] if key in tags else []
+    if name == "tag-key":
+        return lambda tags: list(tags)
+    if name == "tag-value":
+        return lambda tags: list(tags.values())
+    return None
+
+
+def apply_filters(
+    records: Iterable[T],
+    filters: Sequence[Filter],
+    fields: Mapping[str, Field[T]],
+    *,
+    tags: Callable[[T], Mapping[str, str]] | None = None,
+) -> list[T]:
+    checks: list[tuple[Field[T], tuple[str, ...]]] = []
+    for f in filters:
+        tag_field = _tag_filter(f.name) if tags is not None else None
+        if f.name in fields:
+            checks.append((fields[f.name], f.values))
+        elif tag_field is not None and tags is not None:
+            checks.append((_compose(tag_field, tags), f.values))
+        else:
+            raise InvalidParameterValue(f"The filter '{f.name}' is invalid")
+    return [
+        r for r in records
+        if all(any(wildcard_match(p, v) for v in field(r) for p in pats) for field, pats in checks)
+    ]
+
+
+def _compose(
+    tag_field: Callable[[Mapping[str, str]], Iterable[str]],
+    tags: Callable[[T], Mapping[str, str]],
+) -> Field[T]:
+    return lambda r: tag_field(tags(r))
+
+
+def encode_token(last_key: str) -> str:
+    return base64.urlsafe_b64encode(f"v1:{last_key}".encode()).decode()
+
+
+def decode_token(token: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
+    except (binascii.Error, UnicodeError, ValueError):
+        raise InvalidPaginationToken(f"Invalid pagination token: {token}") from None
+    if not raw.startswith("v1:"):
+        raise InvalidPaginationToken(f"Invalid pagination token: {token}")
+    return raw[3:]
+
+
+def paginate(items: Iterable[T], page: Page, key: Callable[[T], str]) -> Paged[T]:
+    """Items in ``key`` order, from after the token's key, at most ``max_results``.
+
+    The token names the last key served rather than an offset, so a record that
+    appears or goes between two pages neither repeats nor hides another.
+    """
+    ordered = sorted(items, key=key)
+    if page.next_token is not None:
+        after = decode_token(page.next_token)
+        ordered = [i for i in ordered if key(i) > after]
+    if page.max_results is None or len(ordered) <= page.max_results:
+        return Paged(tuple(ordered))
+    chunk = ordered[: page.max_results]
+    return Paged(tuple(chunk), encode_token(key(chunk[-1])))
+
+
+def _state_code(state: str) -> list[str]:
+    try:
+        return [str(InstanceState(state).code)]
+    except ValueError:
+        return []
+
+
+INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
+    "instance-id": lambda r: [r.instance_id],
+    "instance-state-name": lambda r: [r.state],
+    "instance-state-code": lambda r: _state_code(r.state),
+    "instance-type": lambda r: [r.instance_type],
+    "availability-zone": lambda r: [r.availability_zone],
+    "image-id": lambda r: [r.image_id],
+    "reservation-id": lambda r: [r.reservation_id],
+    "client-token": lambda r: [r.client_token],
+    "private-ip-address": lambda r: [r.private_ip],
+    "owner-id": lambda r: [r.owner_id],
+}
+
+STATUS_FIELDS: dict[str, Field[InstanceRecord]] = {
+    "instance-state-name": INSTANCE_FIELDS["instance-state-name"],
+    "instance-state-code": INSTANCE_FIELDS["instance-state-code"],
+    "availability-zone": INSTANCE_FIELDS["availability-zone"],
+    "instance-status.status": lambda r: ["ok" if r.state == "running" else "not-applicable"],
+    "system-status.status": lambda r: ["ok" if r.state == "running" else "not-applicable"],
+}
+
+TYPE_FIELDS: dict[str, Field[InstanceType]] = {
+    "instance-type": lambda t: [t.name],
+    "vcpu-info.default-vcpus": lambda t: [str(t.vcpus)],
+    "vcpu-info.default-cores": lambda t: [str(t.vcpus)],
+    "memory-info.size-in-mib": lambda t: [str(t.mem_mib)],
+    "current-generation": lambda t: ["true"],
+    "burstable-performance-supported": lambda t: [str(t.family.startswith("t")).lower()],
+    "processor-info.supported-architecture": lambda t: ["x86_64"],
+    "gpu-info.count": lambda t: [str(t.gpu_count)] if t.gpu_count else [],
+}
+
+TAG_FIELDS: dict[str, Field[TagRow]] = {
+    "resource-id": lambda t: [t.resource_id],
+    "resource-type": lambda t: [t.resource_type],
+    "key": lambda t: [t.key],
+    "value": lambda t: [t.value],
+}

@@ -1,0 +1,212 @@
+"""The gateway's mirror of the instances bucket, and the tags that CreateTags set.
+
+Nodes own the instance records (`roost_instances`, written only by the owning node).
+Each gateway mirrors the bucket through a KV watch, so Describe* reads memory rather
+than the bus. Replies to the gateway's own launches and commands go into the mirror at
+once, so a caller that describes what it just launched sees it.
+
+Tags changed after launch live in a bucket of their own (`roost_instance_tags`,
+instance id -> the full tag set), written by gateways with compare-and-set. A node
+rewrites its record on every state change, so a gateway editing the record's tags
+would race the node and lose; a separate key has one kind of writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from roost.bus.schemas import InstanceRecord, decode
+from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
+
+log = logging.getLogger(__name__)
+
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
+
+
+def _newer(a: InstanceRecord, b: InstanceRecord) -> bool:
+    """Whether ``a`` should replace ``b``: a later ``updated_at`` (or no stamps at all)."""
+    return not (a.updated_at and b.updated_at) or a.updated_at >= b.updated_at
+
+
+class InstanceIndex:
+    def __init__(self, records: KeyValue, tags: KeyValue) -> None:
+        self._records_kv = records
+        self._tags_kv = tags
+        self._records: dict[str, InstanceRecord] = {}
+        self._tags: dict[str, tuple[int, dict[str, str]]] = {}
+        self._synced = {"records": asyncio.Event(), "tags": asyncio.Event()}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._chores: set[asyncio.Task[None]] = set()
+
+    # -- reading -----------------------------------------------------------
+
+    def _merged(self, rec: InstanceRecord) -> InstanceRecord:
+        found = self._tags.get(rec.instance_id)
+        return rec if found is None else msgspec.structs.replace(rec, tags=dict(found[1]))
+
+    def all(self) -> list[InstanceRecord]:
+        return [self._merged(r) for r in self._records.values()]
+
+    def find(self, instance_id: str) -> InstanceRecord | None:
+        rec = self._records.get(instance_id)
+        return None if rec is None else self._merged(rec)
+
+    async def require(self, ids: Iterable[str]) -> list[InstanceRecord]:
+        """Records for ``ids``, fetching misses from the bucket; NotFound names them all."""
+        out, missing = [], []
+        for iid in ids:
+            rec = self.find(iid) or await self._fetch(iid)
+            if rec is None:
+                missing.append(iid)
+            else:
+                out.append(rec)
+        if missing:
+            names = ", ".join(missing)
+            plural = "s" if len(missing) > 1 else ""
+            raise InvalidInstanceIDNotFound(
+                f"The instance ID{plural} '{names}' do{'' if plural else 'es'} not exist"
+            )
+        return out
+
+    async def _fetch(self, instance_id: str) -> InstanceRecord | None:
+        try:
+            entry = await self._records_kv.get(instance_id)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise ServiceUnavailable(f"The instance index is unreachable: {exc!r}") from None
+        try:
+            rec = decode(entry.value or b"", InstanceRecord)
+        except _DECODE_ERRORS:
+            return None
+        self.upsert(rec)
+        return self._merged(rec)
+
+    @property
+    def synced(self) -> bool:
+        return all(e.is_set() for e in self._synced.values())
+
+    # -- writing -----------------------------------------------------------
+
+    def upsert(self, rec: InstanceRecord) -> None:
+        cur = self._records.get(rec.instance_id)
+        if cur is None or _newer(rec, cur):
+            self._records[rec.instance_id] = rec
+
+    async def set_tags(self, rec: InstanceRecord, change: Mapping[str, str | None], *,
+                       delete: bool) -> None:
+        """Apply a CreateTags (``delete`` False) or DeleteTags change with CAS retries.
+
+        For DeleteTags a value of None removes the key whatever its value; a value
+        removes it only if it matches, as EC2 does.
+        """
+        for _ in range(20):
+            found = self._tags.get(rec.instance_id)
+            rev, current = found if found is not None else (0, dict(rec.tags))
+            tags = {} if delete and not change else dict(current)  # DeleteTags, no keys: all
+            for key, value in change.items():
+                if not delete:
+                    tags[key] = value or ""
+                elif key in tags and (value is None or tags[key] == value):
+                    del tags[key]
+            data = msgspec.json.encode(tags)
+            try:
+                if rev:
+                    rev = await self._tags_kv.update(rec.instance_id, data, last=rev)
+                else:
+                    rev = await self._tags_kv.create(rec.instance_id, data)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                await self._reload_tags(rec.instance_id)
+                continue
+            except (TimeoutError, nats.errors.Error) as exc:
+                raise ServiceUnavailable(f"The tag store is unreachable: {exc!r}") from None
+            self._tags[rec.instance_id] = (rev, tags)
+            return
+        raise ServiceUnavailable("Tags for this instance are changing too fast; retry.")
+
+    async def _reload_tags(self, instance_id: str) -> None:
+        try:
+            entry = await self._tags_kv.get(instance_id)
+            self._tags[instance_id] = (entry.revision or 0,
+                                       msgspec.json.decode(entry.value or b"{}",
+                                                           type=dict[str, str]))
+        except nats.js.errors.KeyNotFoundError:
+            self._tags.pop(instance_id, None)
+
+    # -- watching ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch(self._records_kv, "records"), name="watch-records"),
+            asyncio.create_task(self._watch(self._tags_kv, "tags"), name="watch-tags"),
+        ]
+
+    async def wait_synced(self, timeout: float) -> None:
+        await asyncio.wait_for(
+            asyncio.gather(*(e.wait() for e in self._synced.values())), timeout
+        )
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _watch(self, kv: KeyValue, what: str) -> None:
+        """Follow ``kv`` for good: re-watch after any failure, with a short backoff."""
+        while True:
+            try:
+                watcher = await kv.watchall()
+                try:
+                    async for entry in watcher:
+                        if entry is None:
+                            self._synced[what].set()
+                            continue
+                        self._on_entry(what, entry)
+                finally:
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watch of %s bucket failed (%r); re-watching", what, exc)
+                await asyncio.sleep(1.0)
+
+    def _on_entry(self, what: str, entry: KeyValue.Entry) -> None:
+        removed = entry.operation in (KV_DEL, KV_PURGE)
+        key = entry.key
+        if what == "tags":
+            if removed:
+                self._tags.pop(key, None)
+                return
+            try:
+                tags = msgspec.json.decode(entry.value or b"{}", type=dict[str, str])
+            except _DECODE_ERRORS:
+                return
+            cur = self._tags.get(key)
+            if cur is None or (entry.revision or 0) >= cur[0]:
+                self._tags[key] = (entry.revision or 0, tags)
+            return
+        if removed:
+            self._records.pop(key, None)
+            if key in self._tags:
+                chore = asyncio.get_running_loop().create_task(self._drop_tags(key))
+                self._chores.add(chore)
+                chore.add_done_callback(self._chores.discard)
+            return
+        try:
+            self.upsert(decode(entry.value or b"", InstanceRecord))
+        except _DECODE_ERRORS:
+            log.warning("undecodable instance record %s", key)
+
+    async def _drop_tags(self, instance_id: str) -> None:
+        """An instance record expired: its tag set has nothing left to describe."""
+        try:
+            await self._tags_kv.delete(instance_id)
+        except (TimeoutError, nats.errors.Error):
+            pass

@@ -1,0 +1,234 @@
+"""Launch orchestration: place one instance with failover, and N with MinCount rollback.
+
+One instance: rank the live view under the policy, send a node-targeted launch to the
+best candidate, and on "no capacity" (a race the node lost) record the attempt and try
+the next, up to ``max_attempts``. Then fall back to anycast, where NATS offers the
+launch only to nodes subscribed to the type, i.e. nodes that fit one more. No responders
+there is the cluster's answer: InsufficientInstanceCapacity, with every attempt listed.
+
+A timeout is never read as "no capacity": the node may have launched. The launch id is
+looked up across the nodes first, and only if nobody holds it does placement move on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from roost.bus.schemas import InstanceCommand, InstanceRecord, LaunchReply, LaunchRequest
+from roost.decide.placement import rank
+from roost.domain.catalog import InstanceType
+from roost.domain.errors import (
+    InsufficientInstanceCapacity,
+    InvalidParameterValue,
+    RoostError,
+    ServiceUnavailable,
+)
+from roost.gateway.capacity import CapacityView
+from roost.gateway.metrics import GatewayMetrics
+from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders
+
+log = logging.getLogger(__name__)
+
+ANYCAST = "*"
+PARALLEL_LAUNCHES = 32
+"""Launches of one request in flight at once: enough to span nodes, few enough that a
+MaxCount of hundreds does not flood the bus."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    node_id: str  # ANYCAST for the per-type queue group
+    outcome: str  # "ok", a LaunchError, "timeout", "gone", "no_responders", "bad_reply"
+
+
+def _launched_at(reply: LaunchReply) -> float | None:
+    """When the node launched it, by the node's clock, to match its snapshots' sent_at."""
+    if reply.instance is None:
+        return None
+    try:
+        return datetime.fromisoformat(reply.instance.launch_time.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def describe_attempts(attempts: Sequence[Attempt]) -> str:
+    return "; ".join(f"{a.node_id}: {a.outcome}" for a in attempts) or "no candidates"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPolicy:
+    policy: str = "pack"
+    max_attempts: int = 3
+    anycast_retries: int = 3
+
+
+class Launcher:
+    def __init__(
+        self,
+        nodes: NodeClient,
+        view: CapacityView,
+        metrics: GatewayMetrics,
+        *,
+        policy: LaunchPolicy = LaunchPolicy(),
+        rng: random.Random | None = None,
+    ) -> None:
+        self._nodes = nodes
+        self._view = view
+        self._metrics = metrics
+        self._policy = policy
+        self._rng = rng or random.Random()
+
+    def _count(self, outcome: str) -> None:
+        self._metrics.placement_attempts.labels(self._policy.policy, outcome).inc()
+
+    async def _reconcile(self, launch_id: str) -> InstanceRecord | None:
+        reply = await self._nodes.lookup(launch_id)
+        return reply.instance if reply is not None else None
+
+    def _settle(self, reply: LaunchReply, attempts: list[Attempt], node_id: str
+                ) -> InstanceRecord | None:
+        outcome = "ok" if reply.ok and reply.instance else (reply.error or "internal")
+        attempts.append(Attempt(node_id, outcome))
+        self._count(outcome)
+        if reply.ok and reply.instance is not None:
+            return reply.instance
+        if reply.error == "bad_request":
+            raise InvalidParameterValue(reply.message or "The node refused the request.")
+        return None
+
+    async def _targeted(self, req: LaunchRequest, itype: InstanceType, zone: str,
+                        attempts: list[Attempt]) -> InstanceRecord | None:
+        tried: set[str] = set()
+        for _ in range(self._policy.max_attempts):
+            ranked = [n for n in rank(self._view.nodes(zone), itype, policy=self._policy.policy,
+                                      rng=self._rng) if n.node_id not in tried]
+            if not ranked:
+                return None
+            node_id = ranked[0].node_id
+            tried.add(node_id)
+            hold = self._view.hold(node_id, itype)
+            try:
+                reply = await self._nodes.launch(node_id, req)
+            except (NoResponders, BadReply) as exc:
+                self._view.settle(hold, launched=False)
+                outcome = "gone" if isinstance(exc, NoResponders) else "bad_reply"
+                attempts.append(Attempt(node_id, outcome))
+                self._count(outcome)
+                continue
+            except NodeTimeout:
+                self._view.settle(hold, launched=True)
+                attempts.append(Attempt(node_id, "timeout"))
+                self._count("timeout")
+                if (found := await self._reconcile(req.launch_id)) is not None:
+                    return found
+                continue
+            self._view.settle(hold, launched=reply.ok, launched_at=_launched_at(reply))
+            if (rec := self._settle(reply, attempts, node_id)) is not None:
+                return rec
+        return None
+
+    async def _anycast(self, req: LaunchRequest, attempts: list[Attempt]) -> InstanceRecord:
+        for _ in range(self._policy.anycast_retries):
+            try:
+                reply = await self._nodes.anycast(req)
+            except NoResponders:
+                attempts.append(Attempt(ANYCAST, "no_responders"))
+                self._count("no_responders")
+                break
+            except (NodeTimeout, BadReply):
+                attempts.append(Attempt(ANYCAST, "timeout"))
+                self._count("timeout")
+                if (found := await self._reconcile(req.launch_id)) is not None:
+                    return found
+                continue
+            if (rec := self._settle(reply, attempts, ANYCAST)) is not None:
+                return rec
+        raise InsufficientInstanceCapacity(
+            f"Insufficient capacity for {req.instance_type}: no node can fit it now "
+            f"({describe_attempts(attempts)})."
+        )
+
+    async def launch_one(
+        self, req: LaunchRequest, itype: InstanceType, *, zone: str = "",
+        reconcile_first: bool = False,
+    ) -> InstanceRecord:
+        """Launch ``req`` on some node; raises InsufficientInstanceCapacity when none fits.
+
+        ``reconcile_first`` looks the launch id up before placing it: for a request
+        taken over from a gateway that may have sent it already.
+        """
+        if reconcile_first and (found := await self._reconcile(req.launch_id)) is not None:
+            return found
+        attempts: list[Attempt] = []
+        if self._policy.policy != "anycast":
+            found = await self._targeted(req, itype, zone, attempts)
+            if found is not None:
+                return found
+        zones = self._view.zones()
+        if zone and zones != {zone}:
+            # Anycast cannot honour a zone; with other zones in the cluster it might
+            # place the instance in one of them.
+            raise InsufficientInstanceCapacity(
+                f"Insufficient capacity for {req.instance_type} in {zone} "
+                f"({describe_attempts(attempts)})."
+            )
+        return await self._anycast(req, attempts)
+
+    async def launch_many(
+        self, reqs: Sequence[LaunchRequest], itype: InstanceType, *, min_count: int,
+        zone: str = "", reconcile_first: bool = False,
+    ) -> list[InstanceRecord]:
+        """Launch up to ``len(reqs)``, in parallel; fewer than ``min_count`` rolls all back.
+
+        Once one launch meets a full cluster, launches not yet started are skipped: the
+        anycast answer covers every node.
+        """
+        gate = asyncio.Semaphore(PARALLEL_LAUNCHES)
+        full = asyncio.Event()
+
+        async def one(req: LaunchRequest) -> InstanceRecord | RoostError | None:
+            async with gate:
+                if full.is_set():
+                    return None
+                try:
+                    return await self.launch_one(req, itype, zone=zone,
+                                                 reconcile_first=reconcile_first)
+                except InsufficientInstanceCapacity as exc:
+                    full.set()
+                    return exc
+                except RoostError as exc:
+                    return exc
+
+        results = await asyncio.gather(*(one(r) for r in reqs))
+        launched = [r for r in results if isinstance(r, InstanceRecord)]
+        if len(launched) >= min_count:
+            return launched
+        await self.rollback(launched)
+        failures = [r for r in results if isinstance(r, RoostError)]
+        worst = next((f for f in failures if not isinstance(f, InsufficientInstanceCapacity)),
+                     None)
+        if worst is not None:
+            raise worst
+        raise InsufficientInstanceCapacity(
+            f"Insufficient capacity: {len(launched)} of MinCount {min_count} "
+            f"{itype.name} could be placed; the launched ones were terminated."
+        )
+
+    async def rollback(self, records: Sequence[InstanceRecord]) -> None:
+        async def kill(rec: InstanceRecord) -> None:
+            cmd = InstanceCommand(op="terminate", instance_id=rec.instance_id, force=True)
+            try:
+                reply = await self._nodes.command(rec.node_id, cmd)
+                if not reply.ok:
+                    log.error("rollback of %s on %s refused: %s", rec.instance_id,
+                              rec.node_id, reply.error)
+            except (NoResponders, NodeTimeout, BadReply, ServiceUnavailable) as exc:
+                log.error("rollback of %s on %s failed: %r", rec.instance_id, rec.node_id, exc)
+
+        await asyncio.gather(*(kill(r) for r in records))
+        self._metrics.launches.labels("rolled_back").inc(len(records))

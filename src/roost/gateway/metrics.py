@@ -1,0 +1,43 @@
+"""The gateway's Prometheus metrics, in a registry of its own.
+
+A registry per gateway (not the process-global default) lets tests and `roost up` run
+several gateways in one process without their series colliding.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "roost_gateway_requests", "EC2 API requests, by action and result code",
+            ["action", "code"], registry=r,
+        )
+        self.request_seconds = Histogram(
+            "roost_gateway_request_seconds", "EC2 API request latency, by action",
+            ["action"], buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.launches = Counter(
+            "roost_launches",
+            "Instances by launch outcome (launched, insufficient_capacity, failed, rolled_back)",
+            ["outcome"], registry=r,
+        )
+        self.launch_seconds = Histogram(
+            "roost_launch_seconds", "Time to place and launch one RunInstances request",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.placement_attempts = Counter(
+            "roost_placement_attempts",
+            "Launch attempts sent to nodes, by policy and outcome",
+            ["policy", "outcome"], registry=r,
+        )
+        self.nodes = Gauge(
+            "roost_gateway_nodes", "Nodes in the gateway's capacity view that are live",
+            registry=r,
+        )

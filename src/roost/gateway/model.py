@@ -1,0 +1,56 @@
+"""What the gateway's actions return: plain data, rendered to XML by `render`.
+
+Instances travel as `InstanceRecord`, the same record the nodes write to the instances
+bucket, so a reply, a describe and the admin API all show one shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from roost.bus.schemas import InstanceRecord
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    reservation_id: str
+    owner_id: str
+    instances: tuple[InstanceRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    instance_id: str
+    current: str
+    previous: str
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    name: str
+    region: str
+    zone_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TagRow:
+    resource_id: str
+    key: str
+    value: str
+    resource_type: str = "instance"
+
+
+@dataclass(frozen=True, slots=True)
+class Paged(Generic[T]):
+    items: tuple[T, ...]
+    next_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceAttribute:
+    instance_id: str
+    name: str  # the attribute's XML element name, e.g. "disableApiTermination"
+    value: str

@@ -1,0 +1,162 @@
+"""The gateway's side of the node contract (`roost.bus.subjects`), over NATS.
+
+Three outcomes stay apart here because the caller treats each differently:
+  a reply (the node's answer, ok or not)     -> returned as data
+  no responders (nobody listens)             -> `NoResponders`: a capacity answer for
+                                                anycast, "node gone" for a targeted call
+  no reply in time                           -> `NodeTimeout`: the node may have acted;
+                                                reconcile by launch id before moving on
+NATS itself being unreachable is none of these: it raises ServiceUnavailable at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from roost.bus import subjects
+from roost.bus.schemas import (
+    CommandReply,
+    DescribeTypesReply,
+    InstanceCommand,
+    LaunchLookup,
+    LaunchReply,
+    LaunchRequest,
+    M,
+    Msg,
+    decode,
+    encode,
+)
+from roost.domain import errors
+
+log = logging.getLogger(__name__)
+
+_UNREACHABLE = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.errors.NoServersError,
+)
+
+
+class NoResponders(Exception):
+    """Nobody subscribes to the subject."""
+
+
+class NodeTimeout(Exception):
+    """A request went out and no reply came back in time."""
+
+
+class BadReply(Exception):
+    """A reply that does not decode as the contract says."""
+
+
+def _all_errors() -> dict[str, type[errors.RoostError]]:
+    found: dict[str, type[errors.RoostError]] = {}
+    todo: list[type[errors.RoostError]] = [errors.RoostError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE: Mapping[str, type[errors.RoostError]] = _all_errors()
+
+
+def error_for_code(code: str, message: str) -> errors.RoostError:
+    """The gateway error for an EC2 code a node sent back; unknown codes are internal."""
+    cls = _BY_CODE.get(code, errors.InternalError)
+    return cls(message or code)
+
+
+class NodeClient:
+    def __init__(self, nc: NATS, *, timeout: float = 5.0) -> None:
+        self._nc = nc
+        self.timeout = timeout
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._nc.is_connected)
+
+    def _check(self) -> None:
+        if not self._nc.is_connected:
+            raise errors.ServiceUnavailable("The message bus (NATS) is unreachable; try again.")
+
+    async def _request(
+        self, subject: str, msg: Msg, kind: type[M], timeout: float | None = None
+    ) -> M:
+        self._check()
+        try:
+            reply = await self._nc.request(subject, encode(msg), timeout=timeout or self.timeout)
+        except nats.errors.NoRespondersError:
+            raise NoResponders(subject) from None
+        except nats.errors.TimeoutError:
+            self._check()  # a timeout while disconnected is the bus's fault, not the node's
+            raise NodeTimeout(subject) from None
+        except _UNREACHABLE:
+            raise errors.ServiceUnavailable("The message bus (NATS) is unreachable.") from None
+        try:
+            return decode(reply.data, kind)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise BadReply(f"{subject}: {exc}") from None
+
+    async def launch(self, node_id: str, req: LaunchRequest, *, timeout: float | None = None
+                     ) -> LaunchReply:
+        return await self._request(subjects.node_launch(node_id), req, LaunchReply, timeout)
+
+    async def anycast(self, req: LaunchRequest, *, timeout: float | None = None) -> LaunchReply:
+        """Let NATS pick among the nodes that fit one more (the per-type queue group)."""
+        subject = subjects.run_instances(req.instance_type)
+        return await self._request(subject, req, LaunchReply, timeout)
+
+    async def command(self, node_id: str, cmd: InstanceCommand) -> CommandReply:
+        return await self._request(subjects.node_command(node_id), cmd, CommandReply)
+
+    async def lookup(self, launch_id: str, *, timeout: float | None = None) -> LaunchReply | None:
+        """The launch a node holds under ``launch_id``, or None if no node has it."""
+        try:
+            reply = await self._request(
+                subjects.LAUNCH_LOOKUP, LaunchLookup(launch_id=launch_id), LaunchReply, timeout
+            )
+        except (NoResponders, NodeTimeout):
+            return None
+        return reply if reply.ok and reply.instance is not None else None
+
+    async def describe_types(self, *, timeout: float, expect: int = 0) -> list[DescribeTypesReply]:
+        """Every node's reply to the fan-out, gathered until ``expect`` replies or timeout."""
+        self._check()
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox)
+        replies: list[DescribeTypesReply] = []
+        try:
+            await self._nc.publish(subjects.DESCRIBE_INSTANCE_TYPES, b"{}", reply=inbox)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while not expect or len(replies) < expect:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    msg = await sub.next_msg(timeout=left)
+                except nats.errors.TimeoutError:
+                    break
+                try:
+                    replies.append(decode(msg.data, DescribeTypesReply))
+                except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+                    log.warning("undecodable DescribeInstanceTypes reply on %s", inbox)
+        except _UNREACHABLE:
+            raise errors.ServiceUnavailable("The message bus (NATS) is unreachable.") from None
+        finally:
+            try:
+                await sub.unsubscribe()
+            except _UNREACHABLE:
+                pass
+        return replies

@@ -1,0 +1,171 @@
+"""The Describe* side of the model: reads of the instance mirror, the type registry and
+the capacity view. None of them waits on a node."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from roost.bus.schemas import InstanceRecord
+from roost.domain.catalog import InstanceType
+from roost.domain.errors import (
+    DryRunOperation,
+    InvalidAMIIDNotFound,
+    InvalidParameterValue,
+)
+from roost.domain.images import IMAGES, Image
+from roost.gateway.describe import (
+    INSTANCE_FIELDS,
+    STATUS_FIELDS,
+    TAG_FIELDS,
+    TYPE_FIELDS,
+    Field,
+    apply_filters,
+    paginate,
+)
+from roost.gateway.model import InstanceAttribute, Paged, Reservation, TagRow, Zone
+from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
+from roost.gateway.service import DRY_RUN, Ec2Service
+
+ZONE_FIELDS: dict[str, Field[Zone]] = {
+    "zone-name": lambda z: [z.name],
+    "zone-id": lambda z: [z.zone_id],
+    "region-name": lambda z: [z.region],
+    "state": lambda z: ["available"],
+    "zone-type": lambda z: ["availability-zone"],
+}
+REGION_FIELDS: dict[str, Field[tuple[str, str]]] = {
+    "region-name": lambda r: [r[0]],
+    "endpoint": lambda r: [r[1]],
+    "opt-in-status": lambda r: ["opt-in-not-required"],
+}
+IMAGE_FIELDS: dict[str, Field[Image]] = {
+    "image-id": lambda i: [i.image_id],
+    "name": lambda i: [i.name],
+    "state": lambda i: ["available"],
+    "architecture": lambda i: ["x86_64"],
+    "root-device-type": lambda i: ["ebs"],
+    "virtualization-type": lambda i: ["hvm"],
+    "is-public": lambda i: ["true"],
+}
+# What DescribeInstanceAttribute answers for attributes roost has no notion of: the
+# values a plain EC2 instance reports, which is what Terraform compares against.
+_FIXED_ATTRIBUTES = {
+    "disableApiTermination": "false",
+    "disableApiStop": "false",
+    "instanceInitiatedShutdownBehavior": "stop",
+    "sourceDestCheck": "true",
+    "ebsOptimized": "false",
+    "enaSupport": "true",
+    "rootDeviceName": "/dev/xvda",
+    "kernel": "",
+    "ramdisk": "",
+    "userData": "",
+}
+
+
+def _check_dry_run(req: DescribeRequest) -> None:
+    if req.dry_run:
+        raise DryRunOperation(DRY_RUN)
+
+
+class Ec2Reads:
+    def __init__(self, service: Ec2Service, *, endpoint: str = "") -> None:
+        self.service = service
+        self.endpoint = endpoint
+
+    def _instances(self, req: DescribeRequest, records: Iterable[InstanceRecord],
+                   fields: dict[str, Field[InstanceRecord]]) -> list[InstanceRecord]:
+        return apply_filters(records, req.filters, fields, tags=lambda r: r.tags)
+
+    async def describe_instances(self, req: DescribeRequest) -> Paged[Reservation]:
+        index = self.service.index
+        records = await index.require(req.ids) if req.ids else index.all()
+        _check_dry_run(req)
+        page = paginate(self._instances(req, records, INSTANCE_FIELDS), req.page,
+                        key=lambda r: r.instance_id)
+        grouped: dict[str, list[InstanceRecord]] = {}
+        for rec in page.items:
+            grouped.setdefault(rec.reservation_id, []).append(rec)
+        owner = self.service.site.owner_id
+        reservations = tuple(
+            Reservation(rid, recs[0].owner_id or owner,
+                        tuple(sorted(recs, key=lambda r: r.ami_launch_index)))
+            for rid, recs in grouped.items()
+        )
+        return Paged(reservations, page.next_token)
+
+    async def describe_instance_status(self, req: DescribeRequest) -> Paged[InstanceRecord]:
+        index = self.service.index
+        records = await index.require(req.ids) if req.ids else index.all()
+        _check_dry_run(req)
+        if not req.include_all:
+            records = [r for r in records if r.state == "running"]
+        return paginate(self._instances(req, records, STATUS_FIELDS), req.page,
+                        key=lambda r: r.instance_id)
+
+    async def describe_instance_types(self, req: DescribeRequest) -> Paged[InstanceType]:
+        """Every supported type, whatever is free now: a full type is still a type."""
+        _check_dry_run(req)
+        registry = self.service.types
+        await registry.refresh()
+        types = registry.all()
+        missing = [n for n in req.ids if n not in types]
+        if missing:
+            raise InvalidParameterValue(
+                f"The following supplied instance types do not exist: [{', '.join(missing)}]"
+            )
+        chosen = [types[n] for n in dict.fromkeys(req.ids)] if req.ids else types.values()
+        return paginate(apply_filters(chosen, req.filters, TYPE_FIELDS), req.page,
+                        key=lambda t: t.name)
+
+    def all_zones(self) -> list[Zone]:
+        region = self.service.site.region
+        compact = re.sub(r"[^a-z0-9]", "", region.lower())
+        return [Zone(name, region, f"{compact}-az{i + 1}")
+                for i, name in enumerate(self.service.zones())]
+
+    def describe_zones(self, req: DescribeRequest) -> list[Zone]:
+        _check_dry_run(req)
+        zones = self.all_zones()
+        known = {z.name for z in zones}
+        for name in req.ids:
+            if name not in known:
+                raise InvalidParameterValue(f"The zone '{name}' does not exist.")
+        chosen = [z for z in zones if not req.ids or z.name in req.ids]
+        return apply_filters(chosen, req.filters, ZONE_FIELDS)
+
+    def describe_regions(self, req: DescribeRequest) -> list[tuple[str, str]]:
+        _check_dry_run(req)
+        region = self.service.site.region
+        for name in req.ids:
+            if name != region:
+                raise InvalidParameterValue(f"Invalid region: {name}")
+        return apply_filters([(region, self.endpoint)], req.filters, REGION_FIELDS)
+
+    def describe_tags(self, req: DescribeRequest) -> Paged[TagRow]:
+        _check_dry_run(req)
+        rows = [TagRow(r.instance_id, k, v) for r in self.service.index.all()
+                for k, v in r.tags.items()]
+        return paginate(apply_filters(rows, req.filters, TAG_FIELDS), req.page,
+                        key=lambda t: f"{t.resource_id}\0{t.key}")
+
+    def describe_images(self, req: DescribeRequest) -> list[Image]:
+        _check_dry_run(req)
+        missing = [i for i in req.ids if i not in IMAGES]
+        if missing:
+            raise InvalidAMIIDNotFound(f"The image id '[{', '.join(missing)}]' does not exist")
+        chosen = [IMAGES[i] for i in req.ids] if req.ids else list(IMAGES.values())
+        return apply_filters(chosen, req.filters, IMAGE_FIELDS)
+
+    async def describe_instance_attribute(self, req: InstanceAttributeRequest
+                                          ) -> InstanceAttribute:
+        (rec,) = await self.service.index.require([req.instance_id])
+        if req.attribute == "instanceType":
+            return InstanceAttribute(rec.instance_id, "instanceType", rec.instance_type)
+        if req.attribute not in _FIXED_ATTRIBUTES:
+            raise InvalidParameterValue(
+                f"Value ({req.attribute}) for parameter attribute is invalid."
+            )
+        value = _FIXED_ATTRIBUTES[req.attribute]
+        return InstanceAttribute(rec.instance_id, req.attribute, value)

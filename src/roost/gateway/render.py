@@ -1,0 +1,233 @@
+"""Each action's result as EC2's XML. Shapes follow the EC2 2016-11-15 service model.
+
+Members that roost has no notion of (VPCs, volumes, security groups) are rendered with
+the fixed values a plain EC2 instance would show, because Terraform's provider reads
+them on every refresh and treats a missing one as drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from roost.bus.schemas import InstanceRecord
+from roost.domain.catalog import InstanceType
+from roost.domain.images import Image
+from roost.domain.lifecycle import InstanceState
+from roost.gateway.model import InstanceAttribute, Paged, Reservation, StateChange, TagRow, Zone
+from roost.gateway.xml import Fragment, items, node, response, text, timestamp, values
+
+ROOT_DEVICE = "/dev/xvda"
+
+
+def state(tag: str, name: str) -> Fragment:
+    try:
+        code: int | None = InstanceState(name).code
+    except ValueError:
+        code = None
+    return node(tag, text("code", code), text("name", name))
+
+
+def _tags(tags: Mapping[str, str]) -> Fragment:
+    return items("tagSet", (text("key", k) + text("value", v) for k, v in tags.items()))
+
+
+def _dns(ip: str) -> str:
+    return f"ip-{ip.replace('.', '-')}.roost.internal" if ip else ""
+
+
+def instance(rec: InstanceRecord, itype: InstanceType | None) -> str:
+    reason = rec.state_reason
+    cores = itype.vcpus if itype else 1
+    return Fragment("".join([
+        text("instanceId", rec.instance_id),
+        text("imageId", rec.image_id),
+        state("instanceState", rec.state),
+        text("privateDnsName", _dns(rec.private_ip)),
+        text("dnsName", ""),
+        text("reason", rec.state_transition_reason),
+        text("amiLaunchIndex", rec.ami_launch_index),
+        Fragment("<productCodes/>"),
+        text("instanceType", rec.instance_type),
+        text("launchTime", timestamp(rec.launch_time)),
+        node("placement", text("availabilityZone", rec.availability_zone),
+             Fragment("<groupName/>"), text("tenancy", "default")),
+        node("monitoring", text("state", "disabled")),
+        text("privateIpAddress", rec.private_ip or None),
+        text("sourceDestCheck", True),
+        Fragment("<groupSet/>"),
+        node("stateReason", text("code", reason), text("message", reason)) if reason else "",
+        text("architecture", "x86_64"),
+        text("rootDeviceType", "ebs"),
+        text("rootDeviceName", ROOT_DEVICE),
+        Fragment("<blockDeviceMapping/>"),
+        text("virtualizationType", "hvm"),
+        text("clientToken", rec.client_token),
+        _tags(rec.tags),
+        text("hypervisor", "xen"),
+        Fragment("<networkInterfaceSet/>"),
+        text("ebsOptimized", False),
+        text("enaSupport", True),
+        node("cpuOptions", text("coreCount", cores), text("threadsPerCore", 1)),
+        node("capacityReservationSpecification",
+             text("capacityReservationPreference", "open")),
+        node("hibernationOptions", text("configured", False)),
+        node("metadataOptions", text("state", "applied"), text("httpTokens", "optional"),
+             text("httpPutResponseHopLimit", 1), text("httpEndpoint", "enabled"),
+             text("httpProtocolIpv6", "disabled"), text("instanceMetadataTags", "disabled")),
+        node("enclaveOptions", text("enabled", False)),
+        text("platformDetails", "Linux/UNIX"),
+        text("usageOperation", "RunInstances"),
+        node("maintenanceOptions", text("autoRecovery", "default")),
+        text("currentInstanceBootMode", "legacy-bios"),
+    ]))
+
+
+TypeLookup = Mapping[str, InstanceType]
+
+
+def _instances(recs: Iterable[InstanceRecord], types: TypeLookup) -> Fragment:
+    return items("instancesSet", (instance(r, types.get(r.instance_type)) for r in recs))
+
+
+def run_instances(res: Reservation, types: TypeLookup, request_id: str) -> str:
+    return response(
+        "RunInstances", request_id,
+        text("reservationId", res.reservation_id),
+        text("ownerId", res.owner_id),
+        Fragment("<groupSet/>"),
+        _instances(res.instances, types),
+    )
+
+
+def describe_instances(page: Paged[Reservation], types: TypeLookup, request_id: str) -> str:
+    reservations = items("reservationSet", (
+        text("reservationId", r.reservation_id) + text("ownerId", r.owner_id)
+        + Fragment("<groupSet/>") + _instances(r.instances, types)
+        for r in page.items
+    ))
+    return response("DescribeInstances", request_id, reservations,
+                    text("nextToken", page.next_token))
+
+
+def state_changes(action: str, changes: Iterable[StateChange], request_id: str) -> str:
+    return response(action, request_id, items("instancesSet", (
+        text("instanceId", c.instance_id) + state("currentState", c.current)
+        + state("previousState", c.previous)
+        for c in changes
+    )))
+
+
+def _status(ok: bool) -> str:
+    word = "ok" if ok else "not-applicable"
+    detail = text("name", "reachability") + text("status", "passed" if ok else "not-applicable")
+    return text("status", word) + items("details", [detail])
+
+
+def instance_status(page: Paged[InstanceRecord], request_id: str) -> str:
+    def one(r: InstanceRecord) -> str:
+        running = r.state == InstanceState.RUNNING
+        return (
+            text("instanceId", r.instance_id) + text("availabilityZone", r.availability_zone)
+            + Fragment("<eventsSet/>") + state("instanceState", r.state)
+            + node("systemStatus", _status(running)) + node("instanceStatus", _status(running))
+        )
+    return response("DescribeInstanceStatus", request_id,
+                    items("instanceStatusSet", map(one, page.items)),
+                    text("nextToken", page.next_token))
+
+
+def _gpu_info(t: InstanceType) -> Fragment:
+    if not t.gpu_total_milli:
+        return Fragment("")
+    count = t.gpu_count or 1
+    gpu = (text("name", t.gpu_model or "GPU") + text("manufacturer", "NVIDIA")
+           + text("count", count))
+    return node("gpuInfo", items("gpus", [gpu]))
+
+
+def instance_type(t: InstanceType) -> str:
+    burstable = t.family.startswith("t")
+    return Fragment("".join([
+        text("instanceType", t.name),
+        text("currentGeneration", True),
+        text("freeTierEligible", False),
+        values("supportedUsageClasses", ["on-demand"]),
+        values("supportedRootDeviceTypes", ["ebs"]),
+        values("supportedVirtualizationTypes", ["hvm"]),
+        text("bareMetal", False),
+        text("hypervisor", "nitro"),
+        node("processorInfo", values("supportedArchitectures", ["x86_64"])),
+        node("vCpuInfo", text("defaultVCpus", t.vcpus), text("defaultCores", t.vcpus),
+             text("defaultThreadsPerCore", 1)),
+        node("memoryInfo", text("sizeInMiB", t.mem_mib)),
+        text("instanceStorageSupported", False),
+        node("ebsInfo", text("ebsOptimizedSupport", "default"),
+             text("encryptionSupport", "supported"), text("nvmeSupport", "required")),
+        node("networkInfo", text("networkPerformance", "Up to 5 Gigabit"),
+             text("maximumNetworkInterfaces", 3), text("ipv4AddressesPerInterface", 15),
+             text("ipv6Supported", False), text("enaSupport", "required")),
+        _gpu_info(t),
+        values("supportedBootModes", ["legacy-bios", "uefi"]),
+        text("burstablePerformanceSupported", burstable),
+        text("hibernationSupported", False),
+        text("autoRecoverySupported", True),
+        text("dedicatedHostsSupported", False),
+    ]))
+
+
+def instance_types(page: Paged[InstanceType], request_id: str) -> str:
+    return response("DescribeInstanceTypes", request_id,
+                    items("instanceTypeSet", map(instance_type, page.items)),
+                    text("nextToken", page.next_token))
+
+
+def zones(found: Iterable[Zone], request_id: str) -> str:
+    return response("DescribeAvailabilityZones", request_id, items("availabilityZoneInfo", (
+        text("zoneName", z.name) + text("zoneState", "available")
+        + text("regionName", z.region) + text("zoneId", z.zone_id)
+        + text("zoneType", "availability-zone") + text("optInStatus", "opt-in-not-required")
+        + text("groupName", z.region) + text("networkBorderGroup", z.region)
+        + Fragment("<messageSet/>")
+        for z in found
+    )))
+
+
+def regions(found: Iterable[tuple[str, str]], request_id: str) -> str:
+    return response("DescribeRegions", request_id, items("regionInfo", (
+        text("regionName", name) + text("regionEndpoint", endpoint)
+        + text("optInStatus", "opt-in-not-required")
+        for name, endpoint in found
+    )))
+
+
+def tags(page: Paged[TagRow], request_id: str) -> str:
+    return response("DescribeTags", request_id, items("tagSet", (
+        text("resourceId", t.resource_id) + text("resourceType", t.resource_type)
+        + text("key", t.key) + text("value", t.value)
+        for t in page.items
+    )), text("nextToken", page.next_token))
+
+
+def images(found: Iterable[Image], owner_id: str, request_id: str) -> str:
+    return response("DescribeImages", request_id, items("imagesSet", (
+        text("imageId", i.image_id) + text("imageLocation", f"roost/{i.name}")
+        + text("imageState", "available") + text("imageOwnerId", owner_id)
+        + text("isPublic", True) + text("architecture", "x86_64")
+        + text("imageType", "machine") + text("name", i.name)
+        + text("description", i.description) + text("rootDeviceType", "ebs")
+        + text("rootDeviceName", ROOT_DEVICE) + Fragment("<blockDeviceMapping/>")
+        + text("virtualizationType", "hvm") + text("hypervisor", "xen")
+        + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
+        for i in found
+    )))
+
+
+def ok(action: str, request_id: str) -> str:
+    """CreateTags, DeleteTags and the like answer only ``<return>true</return>``."""
+    return response(action, request_id, text("return", True))
+
+
+def instance_attribute(attr: InstanceAttribute, request_id: str) -> str:
+    return response("DescribeInstanceAttribute", request_id,
+                    text("instanceId", attr.instance_id),
+                    node(attr.name, text("value", attr.value)))

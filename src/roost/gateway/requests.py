@@ -1,0 +1,244 @@
+"""Typed requests, parsed from Query parameters. The actions never see the raw form.
+
+Each ``parse_*`` checks what EC2 checks before any state is touched: required
+parameters, counts, id formats, tag limits, page sizes. So a request that reaches the
+service is well formed, and every rejection here is a 400 with EC2's code.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+
+from roost.domain.errors import (
+    InvalidID,
+    InvalidInstanceIDMalformed,
+    InvalidParameterCombination,
+    InvalidParameterValue,
+    MissingParameter,
+)
+from roost.gateway.query import Params
+
+INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
+MAX_USER_DATA = 16 * 1024
+MAX_TAGS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    name: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """MaxResults/NextToken. ``max_results`` None means "everything in one page"."""
+
+    max_results: int | None = None
+    next_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunInstancesRequest:
+    image_id: str
+    instance_type: str
+    min_count: int
+    max_count: int
+    client_token: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+    user_data: str = ""
+    availability_zone: str = ""
+    dry_run: bool = False
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """What must match for a repeated ClientToken to count as the same request."""
+        return (self.image_id, self.instance_type, self.min_count, self.max_count,
+                self.tags, self.user_data, self.availability_zone)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceIdsRequest:
+    """Stop, Start and Terminate: a list of ids and nothing else of note."""
+
+    instance_ids: tuple[str, ...]
+    dry_run: bool = False
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeRequest:
+    """The shape shared by the Describe* actions: ids (or names), filters, a page."""
+
+    ids: tuple[str, ...] = ()
+    filters: tuple[Filter, ...] = ()
+    page: Page = field(default_factory=Page)
+    dry_run: bool = False
+    include_all: bool = False  # DescribeInstanceStatus: IncludeAllInstances
+
+
+@dataclass(frozen=True, slots=True)
+class TagsRequest:
+    """CreateTags and DeleteTags. ``value`` None (DeleteTags only) matches any value."""
+
+    resource_ids: tuple[str, ...]
+    tags: tuple[tuple[str, str | None], ...]
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceAttributeRequest:
+    instance_id: str
+    attribute: str
+
+
+def instance_ids(values: list[str]) -> tuple[str, ...]:
+    for v in values:
+        if not INSTANCE_ID.fullmatch(v):
+            raise InvalidInstanceIDMalformed(f'Invalid id: "{v}" (expecting "i-...")')
+    return tuple(dict.fromkeys(values))  # de-duplicated, first-seen order
+
+
+def _filters(p: Params) -> tuple[Filter, ...]:
+    out = []
+    for f in p.members("Filter"):
+        out.append(Filter(f.require("Name"), tuple(f.values("Value"))))
+    return tuple(out)
+
+
+def _page(p: Params, *, low: int, high: int) -> Page:
+    n = p.integer("MaxResults")
+    if n is not None and not low <= n <= high:
+        raise InvalidParameterValue(
+            f"Value ( {n} ) for parameter maxResults is invalid. "
+            f"Expecting a value between {low} and {high}."
+        )
+    return Page(n, p.get("NextToken") or None)
+
+
+def _tag(key: str, value: str | None) -> tuple[str, str | None]:
+    if not key or len(key) > 128:
+        raise InvalidParameterValue("Tag keys must be 1 to 128 characters long.")
+    if key.lower().startswith("aws:"):
+        raise InvalidParameterValue("Tag keys starting with 'aws:' are reserved for internal use")
+    if value is not None and len(value) > 256:
+        raise InvalidParameterValue("Tag values may be at most 256 characters long.")
+    return key, value
+
+
+def _tag_list(
+    members: list[Params], *, values_required: bool
+) -> tuple[tuple[str, str | None], ...]:
+    if len(members) > MAX_TAGS:
+        raise InvalidParameterValue(f"At most {MAX_TAGS} tags may be given.")
+    tags = []
+    for t in members:
+        value = t.get("Value")
+        tags.append(_tag(t.require("Key"), "" if value is None and values_required else value))
+    return tuple(tags)
+
+
+def _user_data(raw: str) -> str:
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidParameterValue("Invalid BASE64 encoding of user data.") from None
+    if len(data) > MAX_USER_DATA:
+        raise InvalidParameterValue(f"User data is limited to {MAX_USER_DATA} bytes.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidParameterValue("User data must be UTF-8 text.") from None
+
+
+def _count(p: Params, name: str) -> int:
+    n = p.integer(name)
+    if n is None:
+        raise MissingParameter(f"The request must contain the parameter {name}")
+    return n
+
+
+def parse_run_instances(p: Params) -> RunInstancesRequest:
+    image_id = p.require("ImageId")
+    itype = p.require("InstanceType")
+    min_count, max_count = _count(p, "MinCount"), _count(p, "MaxCount")
+    if min_count < 1 or max_count < 1:
+        raise InvalidParameterValue("MinCount and MaxCount must be at least 1.")
+    if min_count > max_count:
+        raise InvalidParameterValue("MinCount must be less than or equal to MaxCount.")
+    tags: list[tuple[str, str]] = []
+    for spec in p.members("TagSpecification"):
+        kind = spec.require("ResourceType")
+        found = _tag_list(spec.members("Tag"), values_required=True)
+        if kind == "instance":
+            tags.extend((k, v or "") for k, v in found)
+    token = p.get("ClientToken") or ""
+    if len(token) > 64:
+        raise InvalidParameterValue("ClientToken must be at most 64 characters long.")
+    return RunInstancesRequest(
+        image_id, itype, min_count, max_count,
+        client_token=token,
+        tags=tuple(dict(tags).items()),
+        user_data=_user_data(p.get("UserData") or ""),
+        availability_zone=p.get("Placement.AvailabilityZone") or "",
+        dry_run=p.flag("DryRun"),
+    )
+
+
+def parse_instance_ids(p: Params) -> InstanceIdsRequest:
+    ids = p.values("InstanceId")
+    if not ids:
+        p.require("InstanceId.1")
+    return InstanceIdsRequest(instance_ids(ids), dry_run=p.flag("DryRun"), force=p.flag("Force"))
+
+
+def parse_describe_instances(p: Params) -> DescribeRequest:
+    ids = instance_ids(p.values("InstanceId"))
+    page = _page(p, low=5, high=1000)
+    if ids and page.max_results is not None:
+        raise InvalidParameterCombination(
+            "The parameter instancesSet cannot be used with the parameter maxResults"
+        )
+    return DescribeRequest(ids, _filters(p), page, dry_run=p.flag("DryRun"))
+
+
+def parse_describe_instance_status(p: Params) -> DescribeRequest:
+    return DescribeRequest(
+        instance_ids(p.values("InstanceId")), _filters(p), _page(p, low=5, high=1000),
+        dry_run=p.flag("DryRun"), include_all=p.flag("IncludeAllInstances"),
+    )
+
+
+def parse_describe_instance_types(p: Params) -> DescribeRequest:
+    return DescribeRequest(
+        tuple(p.values("InstanceType")), _filters(p), _page(p, low=5, high=100),
+        dry_run=p.flag("DryRun"),
+    )
+
+
+def parse_describe_named(p: Params, list_name: str) -> DescribeRequest:
+    """Zones, regions and images: names or ids, filters, no paging."""
+    return DescribeRequest(tuple(p.values(list_name)), _filters(p), dry_run=p.flag("DryRun"))
+
+
+def parse_describe_tags(p: Params) -> DescribeRequest:
+    return DescribeRequest((), _filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
+
+
+def parse_tags(p: Params, *, deleting: bool) -> TagsRequest:
+    ids = p.values("ResourceId")
+    if not ids:
+        p.require("ResourceId.1")
+    for rid in ids:
+        if not rid.startswith("i-"):
+            raise InvalidID(f"The ID '{rid}' is not valid")  # roost tags instances only
+    tags = _tag_list(p.members("Tag"), values_required=not deleting)
+    if not tags and not deleting:
+        p.require("Tag.1.Key")
+    return TagsRequest(instance_ids(ids), tags, dry_run=p.flag("DryRun"))
+
+
+def parse_instance_attribute(p: Params) -> InstanceAttributeRequest:
+    (iid,) = instance_ids([p.require("InstanceId")])
+    return InstanceAttributeRequest(iid, p.require("Attribute"))

@@ -1,0 +1,173 @@
+"""The gateway as a service: connect to NATS, follow capacity and instances, serve HTTP.
+
+`Gateway` runs inside any asyncio program (`roost gateway`, `roost up`, the tests). It
+binds its socket itself, so ``port=0`` works and `endpoint` names the real port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import uvicorn
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from roost.bus import subjects
+from roost.bus.connect import connect, key_value
+from roost.bus.schemas import CapacitySnapshot, decode
+from roost.decide.placement import DEFAULT_POLICY, POLICIES
+from roost.domain.catalog import BUILTIN, Catalog
+from roost.gateway.app import AppParts, build_app
+from roost.gateway.capacity import CapacityView
+from roost.gateway.index import InstanceIndex
+from roost.gateway.launch import Launcher, LaunchPolicy
+from roost.gateway.metrics import GatewayMetrics
+from roost.gateway.nodes import NodeClient
+from roost.gateway.reads import Ec2Reads
+from roost.gateway.service import Ec2Service, Site
+from roost.gateway.sigv4 import SigV4Verifier
+from roost.gateway.tokens import TokenStore
+from roost.gateway.types import TypeRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    nats_urls: Sequence[str]
+    host: str = "127.0.0.1"
+    port: int = 8773
+    region: str = "roost-1"
+    credentials: Mapping[str, str] = field(default_factory=dict)
+    """Access key id -> secret access key."""
+    auth: bool = True
+    policy: str = DEFAULT_POLICY
+    catalog: Catalog = field(default_factory=lambda: BUILTIN)
+    owner_id: str = "000000000000"
+    launch_timeout: float = 5.0
+    max_attempts: int = 3
+    client_token_ttl: float = 24 * 3600.0
+    max_instances_per_request: int = 500
+
+    def check(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown placement policy {self.policy!r}; known: "
+                             + ", ".join(POLICIES))
+        if self.auth and not self.credentials:
+            raise ValueError("no access keys configured: give --credentials KEY:SECRET "
+                             "(or ROOST_GATEWAY_CREDENTIALS), or run with --no-auth")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the program that embeds the gateway owns
+    SIGINT/SIGTERM and stops the gateway itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        config.check()
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self._nc: NATS | None = None
+        self._index: InstanceIndex | None = None
+        self._server: _Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
+        self.service: Ec2Service | None = None
+
+    @property
+    def port(self) -> int:
+        if self._sock is None:
+            raise RuntimeError("the gateway is not started")
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def endpoint(self) -> str:
+        host = self.config.host
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        return f"http://{shown}:{self.port}"
+
+    async def start(self, *, sync_timeout: float = 15.0) -> None:
+        cfg = self.config
+        if not cfg.auth:
+            log.warning("*** SigV4 authentication is OFF (--no-auth): anyone who can reach "
+                        "%s:%s can launch and terminate instances ***", cfg.host, cfg.port)
+        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway")
+        records = await key_value(nc, subjects.INSTANCES_BUCKET)
+        tags = await key_value(nc, subjects.TAGS_BUCKET)
+        tokens = await key_value(nc, subjects.CLIENT_TOKENS_BUCKET, ttl=cfg.client_token_ttl)
+        loop = asyncio.get_running_loop()
+        view = CapacityView(loop.time)
+        await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
+        nodes = NodeClient(nc, timeout=cfg.launch_timeout)
+        self._index = index = InstanceIndex(records, tags)
+        index.start()
+        await index.wait_synced(sync_timeout)
+        launcher = Launcher(nodes, view, self.metrics,
+                            policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts))
+        site = Site(cfg.region, cfg.owner_id, cfg.max_instances_per_request)
+        self.service = service = Ec2Service(
+            site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
+            launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
+            metrics=self.metrics,
+        )
+        verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
+        reads = Ec2Reads(service)
+        app = build_app(AppParts(service, reads, verifier), health=self._health)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((cfg.host, cfg.port))
+        reads.endpoint = self.endpoint
+        self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                              lifespan="off"))
+        self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._serving.done():
+                self._serving.result()  # raises what stopped it
+                raise RuntimeError("the gateway's HTTP server exited while starting")
+            await asyncio.sleep(0.01)
+        log.info("gateway serving EC2 on %s (policy %s, region %s)", self.endpoint,
+                 cfg.policy, cfg.region)
+
+    def _on_capacity(self, view: CapacityView) -> Callable[[Msg], Awaitable[None]]:
+        async def cb(msg: Msg) -> None:
+            try:
+                view.apply(decode(msg.data, CapacitySnapshot))
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                log.warning("ignoring bad capacity snapshot on %s: %s", msg.subject, exc)
+        return cb
+
+    def _health(self) -> tuple[bool, dict[str, object]]:
+        connected = bool(self._nc is not None and self._nc.is_connected)
+        synced = bool(self._index is not None and self._index.synced)
+        nodes = self.service.view.live_count() if self.service else 0
+        return connected and synced, {"nats": connected, "index_synced": synced,
+                                      "live_nodes": nodes}
+
+    async def stop(self) -> None:
+        if self._server is not None and self._serving is not None:
+            self._server.should_exit = True
+            await asyncio.gather(self._serving, return_exceptions=True)
+        if self._index is not None:
+            await self._index.stop()
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+        if self._sock is not None:
+            self._sock.close()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,210 @@
+"""The EC2 model behind the actions: typed requests in, results or `RoostError`s out.
+
+Nothing here sees HTTP or XML (see `actions`); nothing here builds a subject (see
+`nodes`). Launch placement lives in `launch`; what is described comes from the mirror in
+`index`, so a Describe never waits on a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+from roost.bus.schemas import InstanceCommand, InstanceRecord, LaunchRequest
+from roost.domain.catalog import InstanceType
+from roost.domain.errors import (
+    DryRunOperation,
+    IncorrectInstanceState,
+    InsufficientInstanceCapacity,
+    InternalError,
+    InvalidAMIIDNotFound,
+    InvalidParameterValue,
+    RoostError,
+    ServiceUnavailable,
+)
+from roost.domain.images import IMAGES
+from roost.gateway.capacity import CapacityView
+from roost.gateway.index import InstanceIndex
+from roost.gateway.launch import Launcher
+from roost.gateway.metrics import GatewayMetrics
+from roost.gateway.model import Reservation, StateChange
+from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
+from roost.gateway.requests import InstanceIdsRequest, RunInstancesRequest
+from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
+from roost.gateway.types import TypeRegistry
+
+log = logging.getLogger(__name__)
+
+Op = Literal["stop", "start", "terminate"]
+DRY_RUN = "Request would have succeeded, but DryRun flag is set."
+_VERBS = {"stop": "stopped", "start": "started", "terminate": "terminated"}
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """Where this gateway is: its region, the owner id it stamps, its request limits."""
+
+    region: str = "roost-1"
+    owner_id: str = "000000000000"
+    max_instances_per_request: int = 500
+
+    @property
+    def default_zone(self) -> str:
+        return f"{self.region}a"
+
+
+def new_reservation_id() -> str:
+    return "r-" + secrets.token_hex(9)[:17]
+
+
+class Ec2Service:
+    def __init__(
+        self,
+        *,
+        site: Site,
+        view: CapacityView,
+        types: TypeRegistry,
+        launcher: Launcher,
+        nodes: NodeClient,
+        index: InstanceIndex,
+        tokens: TokenStore,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.site = site
+        self.view = view
+        self.types = types
+        self.launcher = launcher
+        self.nodes = nodes
+        self.index = index
+        self.tokens = tokens
+        self.metrics = metrics
+
+    def zones(self) -> list[str]:
+        """Zones with live nodes; the region's default zone while there are none."""
+        return sorted(self.view.zones()) or [self.site.default_zone]
+
+    # -- RunInstances ---------------------------------------------------------------
+
+    async def _validate(self, req: RunInstancesRequest) -> InstanceType:
+        if req.image_id not in IMAGES:
+            raise InvalidAMIIDNotFound(f"The image id '[{req.image_id}]' does not exist")
+        itype = await self.types.resolve(req.instance_type)
+        if req.availability_zone and req.availability_zone not in self.zones():
+            raise InvalidParameterValue(
+                f"Invalid availability zone: [{req.availability_zone}]"
+            )
+        if req.min_count > self.site.max_instances_per_request:
+            raise InvalidParameterValue(
+                f"MinCount may be at most {self.site.max_instances_per_request}."
+            )
+        if req.dry_run:
+            raise DryRunOperation(DRY_RUN)
+        return itype
+
+    async def run_instances(self, req: RunInstancesRequest) -> Reservation:
+        itype = await self._validate(req)
+        claim: Claim | None = None
+        rid = new_reservation_id()
+        fp = fingerprint(req.fingerprint())
+        if req.client_token:
+            found = await self.tokens.claim(owner_id=self.site.owner_id, token=req.client_token,
+                                            fingerprint=fp, reservation_id=rid)
+            if isinstance(found, TokenEntry):
+                return self._replay(found)
+            claim, rid = found, found.reservation_id
+        count = min(req.max_count, self.site.max_instances_per_request)
+        launches = [self._launch_request(req, rid, i) for i in range(count)]
+        started = asyncio.get_running_loop().time()
+        try:
+            records = await self.launcher.launch_many(
+                launches, itype, min_count=req.min_count, zone=req.availability_zone,
+                reconcile_first=bool(claim and claim.takeover),
+            )
+        except Exception as exc:
+            outcome = ("insufficient_capacity" if isinstance(exc, InsufficientInstanceCapacity)
+                       else "failed")
+            self.metrics.launches.labels(outcome).inc(req.min_count)
+            if claim is not None:
+                await self.tokens.release(claim)
+            raise
+        self.metrics.launch_seconds.observe(asyncio.get_running_loop().time() - started)
+        self.metrics.launches.labels("launched").inc(len(records))
+        records.sort(key=lambda r: r.ami_launch_index)
+        for rec in records:
+            self.index.upsert(rec)
+        if claim is not None:
+            await self.tokens.finish(claim, fingerprint=fp, owner_id=self.site.owner_id,
+                                     instances=records)
+        return Reservation(rid, self.site.owner_id, tuple(records))
+
+    def _launch_request(self, req: RunInstancesRequest, rid: str, index: int) -> LaunchRequest:
+        return LaunchRequest(
+            launch_id=f"{rid}-{index}", instance_type=req.instance_type,
+            image_id=req.image_id, reservation_id=rid, user_data=req.user_data,
+            tags=dict(req.tags), availability_zone=req.availability_zone,
+            client_token=req.client_token, owner_id=self.site.owner_id, ami_launch_index=index,
+        )
+
+    def _replay(self, entry: TokenEntry) -> Reservation:
+        """The reservation an earlier request with this token made, as it is now."""
+        records = [self.index.find(r.instance_id) or r for r in entry.instances]
+        return Reservation(entry.reservation_id, entry.owner_id, tuple(records))
+
+    # -- Stop, Start, Terminate -------------------------------------------------------
+
+    async def change_state(self, op: Op, req: InstanceIdsRequest) -> list[StateChange]:
+        records = await self.index.require(req.instance_ids)
+        if req.dry_run:
+            raise DryRunOperation(DRY_RUN)
+        results = await asyncio.gather(
+            *(self._command(op, rec, force=req.force) for rec in records),
+            return_exceptions=True,
+        )
+        changes = []
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+            changes.append(res)
+        return changes
+
+    async def _command(self, op: Op, rec: InstanceRecord, *, force: bool) -> StateChange:
+        iid = rec.instance_id
+        if rec.state == "terminated":
+            if op == "terminate":
+                return StateChange(iid, "terminated", "terminated")
+            raise IncorrectInstanceState(
+                f"The instance '{iid}' is not in a state from which it can be {_VERBS[op]}."
+            )
+        cmd = InstanceCommand(op=op, instance_id=iid, force=force)
+        try:
+            reply = await self.nodes.command(rec.node_id, cmd)
+        except (NoResponders, NodeTimeout) as exc:
+            raise ServiceUnavailable(
+                f"Node {rec.node_id}, which holds {iid}, did not answer ({type(exc).__name__})."
+            ) from None
+        except BadReply as exc:
+            raise InternalError(f"Node {rec.node_id} sent an unreadable reply: {exc}") from None
+        if not reply.ok:
+            raise error_for_code(reply.error, reply.message)
+        current = rec.state
+        if reply.instance is not None:
+            self.index.upsert(reply.instance)
+            current = reply.instance.state
+        return StateChange(iid, current, reply.previous_state or rec.state)
+
+    # -- Tags ---------------------------------------------------------------------------
+
+    async def change_tags(self, ids: tuple[str, ...], tags: dict[str, str | None], *,
+                          delete: bool, dry_run: bool) -> None:
+        records = await self.index.require(ids)
+        if dry_run:
+            raise DryRunOperation(DRY_RUN)
+        for rec in records:
+            await self.index.set_tags(rec, tags, delete=delete)
+
+
+def failure_code(exc: BaseException) -> str:
+    return exc.code if isinstance(exc, RoostError) else InternalError.code

@@ -1,0 +1,159 @@
+"""``roost up``: NATS, the gateway and N nodes on this machine, with one command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from roost.decide.placement import DEFAULT_POLICY, POLICIES
+from roost.domain.images import DEFAULT_IMAGE_ID
+from roost.domain.resources import parse_quantity
+from roost.embedded.proc import free_port, port_open
+from roost.up.cluster import (
+    ClusterSpec,
+    LocalCluster,
+    NatsComponent,
+    build_components,
+    new_credentials,
+)
+
+DEFAULT_PORT = 8773
+DEFAULT_NATS_PORT = 4222
+
+
+def load_or_make_credentials(data_dir: Path) -> tuple[str, str]:
+    """The key pair kept in ``data_dir``, made on first use, so that clients configured
+    against one `roost up` keep working after a restart."""
+    path = data_dir / "credentials.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return str(saved["access_key_id"]), str(saved["secret_access_key"])
+    key, secret = new_credentials()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"access_key_id": key, "secret_access_key": secret}))
+    path.chmod(0o600)
+    return key, secret
+
+
+def _port(wanted: int | None, default: int) -> int:
+    """The port asked for; for an unasked default that is taken, a free one."""
+    if wanted is not None:
+        return wanted
+    return default if not port_open(default) else free_port()
+
+
+def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str) -> str:
+    creds = (f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
+             if spec.auth else "AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x ")
+    lines = [
+        f"roost is up: {spec.nodes} nodes ({spec.driver} driver, {spec.node_capacity} each), "
+        f"policy {spec.policy}",
+        "",
+        f"  EC2 endpoint   {endpoint}",
+        f"  NATS           {nats_url}",
+        f"  region         {spec.region}",
+    ]
+    if spec.auth:
+        lines += [f"  access key     {key}", f"  secret key     {secret}"]
+    else:
+        lines += ["  auth           OFF (--no-auth): any key is accepted"]
+    lines += [
+        "",
+        "Paste into a shell:",
+        "",
+        f"  export {creds}AWS_DEFAULT_REGION={spec.region}",
+        f"  aws ec2 run-instances --endpoint-url {endpoint} "
+        f"--image-id {DEFAULT_IMAGE_ID} --instance-type t3.micro --count 1",
+        f"  aws ec2 describe-instances --endpoint-url {endpoint}",
+        "",
+        f"`roost status --endpoint {endpoint}` shows the nodes. Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines)
+
+
+async def run_until_signalled(cluster: LocalCluster, on_ready: Callable[[], str]) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await cluster.start()
+        click.echo(on_ready())
+        await stop.wait()
+        click.echo("\nstopping roost ...", err=True)
+    finally:
+        await cluster.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    click.echo("roost stopped.", err=True)
+
+
+@click.command("up")
+@click.option("--nodes", type=click.IntRange(min=1, max=64), default=3, show_default=True,
+              help="How many local node agents to run.")
+@click.option("--driver", type=click.Choice(["process", "sim"]), default="process",
+              show_default=True,
+              help="process: user data runs as a child process; sim: nothing runs.")
+@click.option("--node-capacity", default="8vcpu,32GiB", show_default=True, metavar="CPU,MEM",
+              help="What each node offers to instances, e.g. '8vcpu,32GiB'.")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help=f"Gateway port [default: {DEFAULT_PORT}, or a free one if taken].")
+@click.option("--nats-port", type=click.IntRange(0, 65535), default=None,
+              help=f"NATS port [default: {DEFAULT_NATS_PORT}, or a free one if taken].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Gateway bind address.")
+@click.option("--region", default="roost-1", show_default=True)
+@click.option("--policy", type=click.Choice(POLICIES), default=DEFAULT_POLICY,
+              show_default=True, help="Placement policy.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(".roost"), show_default=True,
+              help="NATS store, node state and the generated credentials.")
+@click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
+@click.option("--log-level", default="WARNING", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port: int | None,
+       host: str, region: str, policy: str, data_dir: Path, no_auth: bool,
+       log_level: str) -> None:
+    """Run NATS, the EC2 gateway and local nodes in one process, until Ctrl-C.
+
+    Prints the endpoint, the credentials and a ready-to-paste `aws ec2 run-instances`.
+    """
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        parse_quantity(node_capacity)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--node-capacity") from None
+    data_dir = data_dir.absolute()
+    key, secret = load_or_make_credentials(data_dir)
+    spec = ClusterSpec(
+        data_dir=data_dir, nodes=nodes, driver=driver, node_capacity=node_capacity,
+        nats_port=_port(nats_port, DEFAULT_NATS_PORT), host=host,
+        port=_port(port, DEFAULT_PORT), region=region, policy=policy, auth=not no_auth,
+        credentials={key: secret},
+    )
+    cluster = LocalCluster(build_components(spec))
+
+    def ready() -> str:
+        endpoint = cluster.gateway.endpoint
+        env_file = data_dir / "env"
+        env_file.write_text(
+            f"export AWS_ACCESS_KEY_ID={key}\nexport AWS_SECRET_ACCESS_KEY={secret}\n"
+            f"export AWS_DEFAULT_REGION={region}\nexport AWS_ENDPOINT_URL_EC2={endpoint}\n"
+        )
+        os.chmod(env_file, 0o600)
+        nats = cluster.get(NatsComponent)
+        assert isinstance(nats, NatsComponent)
+        text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret)
+        return f"{text}\n(or: source {env_file})"
+
+    try:
+        asyncio.run(run_until_signalled(cluster, ready))
+    except Exception as exc:
+        raise click.ClickException(f"roost up failed: {type(exc).__name__}: {exc}") from None

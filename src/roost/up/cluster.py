@@ -1,0 +1,181 @@
+"""A local roost cluster as a list of components, started in order, stopped in reverse.
+
+`roost up`, `roost bench launch` and the end-to-end tests all build one. A component
+is anything with ``start``/``stop``; adding one (Postgres, the controller) is one more
+entry in `build_components`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from roost.decide.placement import DEFAULT_POLICY
+from roost.domain.host import HostCapacity
+from roost.domain.resources import Resources, parse_quantity
+from roost.embedded import NatsServer
+from roost.gateway.server import Gateway, GatewayConfig
+from roost.node.agent import NodeAgent, NodeConfig
+
+log = logging.getLogger(__name__)
+
+
+class Component(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class NatsComponent:
+    name = "nats"
+
+    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+        self.server = NatsServer(base_dir=data_dir, port=port)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.server.start)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.server.stop)
+
+
+class NodesComponent:
+    """Node agents in this process, one per config."""
+
+    name = "nodes"
+
+    def __init__(self, configs: Sequence[NodeConfig]) -> None:
+        self.configs = list(configs)
+        self.agents: list[NodeAgent] = []
+
+    async def start(self) -> None:
+        # Agents are made here, on the loop's thread: each opens its SQLite state, which
+        # must be used from the thread that opened it.
+        self.agents = [NodeAgent(c) for c in self.configs]
+        await asyncio.gather(*(a.start() for a in self.agents))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)
+
+
+class GatewayComponent:
+    name = "gateway"
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.gateway = Gateway(config)
+
+    async def start(self) -> None:
+        await self.gateway.start()
+
+    async def stop(self) -> None:
+        await self.gateway.stop()
+
+
+class LocalCluster:
+    def __init__(self, components: Sequence[Component]) -> None:
+        self.components = list(components)
+        self._started: list[Component] = []
+
+    async def start(self) -> None:
+        """Start every component in order; if one fails, stop those already started."""
+        try:
+            for c in self.components:
+                log.info("starting %s", c.name)
+                await c.start()
+                self._started.append(c)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        while self._started:
+            c = self._started.pop()
+            try:
+                await c.stop()
+            except Exception:
+                log.exception("stopping %s failed", c.name)
+
+    def get(self, kind: type[Component]) -> Component:
+        for c in self.components:
+            if isinstance(c, kind):
+                return c
+        raise LookupError(kind.__name__)
+
+    @property
+    def gateway(self) -> Gateway:
+        found = self.get(GatewayComponent)
+        assert isinstance(found, GatewayComponent)
+        return found.gateway
+
+    @property
+    def nodes(self) -> list[NodeAgent]:
+        found = self.get(NodesComponent)
+        assert isinstance(found, NodesComponent)
+        return found.agents
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What `roost up` starts. ``credentials`` empty and ``auth`` on: a key pair is made."""
+
+    data_dir: Path
+    nodes: int = 3
+    driver: str = "process"
+    node_capacity: str = "8vcpu,32GiB"
+    node_reserve: str = "0vcpu,0MiB"
+    availability_zone: str = "roost-1a"
+    heartbeat_seconds: float = 2.0
+    nats_port: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8773
+    region: str = "roost-1"
+    policy: str = DEFAULT_POLICY
+    auth: bool = True
+    credentials: Mapping[str, str] = field(default_factory=dict)
+
+    def node_host(self) -> HostCapacity:
+        return HostCapacity(total=parse_quantity(self.node_capacity),
+                            reserve=parse_quantity(self.node_reserve))
+
+
+def new_credentials() -> tuple[str, str]:
+    """An access key id and secret shaped like AWS's (so tools that check shapes pass)."""
+    alphabet = string.ascii_uppercase + string.digits
+    key = "AKIA" + "".join(secrets.choice(alphabet) for _ in range(16))
+    return key, secrets.token_urlsafe(30)[:40]
+
+
+def build_components(spec: ClusterSpec) -> list[Component]:
+    nats = NatsComponent(spec.data_dir / "nats", port=spec.nats_port)
+    nodes = NodesComponent([
+        NodeConfig(
+            node_id=f"node-{i + 1}", nats_urls=[nats.url],
+            data_dir=spec.data_dir / "nodes" / f"node-{i + 1}", host=spec.node_host(),
+            driver=spec.driver, availability_zone=spec.availability_zone,
+            heartbeat_seconds=spec.heartbeat_seconds,
+        )
+        for i in range(spec.nodes)
+    ])
+    gateway = GatewayComponent(GatewayConfig(
+        nats_urls=[nats.url], host=spec.host, port=spec.port, region=spec.region,
+        credentials=spec.credentials, auth=spec.auth, policy=spec.policy,
+    ))
+    # The gateway before the nodes, so it hears their first capacity snapshots.
+    return [nats, gateway, nodes]
+
+
+def spec_resources(spec: ClusterSpec) -> Resources:
+    """What the whole cluster offers to instances."""
+    return spec.node_host().allocatable.scaled(spec.nodes)
