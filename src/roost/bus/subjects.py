@@ -19,6 +19,9 @@ INSTANCES_BUCKET = "roost_instances"
 TAGS_BUCKET = "roost_instance_tags"
 """JetStream KV bucket: instance id -> its full tag set (JSON object) once CreateTags or
 DeleteTags changed it; written by gateways with compare-and-set, never by nodes."""
+USER_DATA_BUCKET = "roost_user_data"
+"""JetStream KV bucket: instance id -> the base64 user data it was launched with (only
+for launches that had some); written by the launching gateway."""
 CLIENT_TOKENS_BUCKET = "roost_client_tokens"
 """JetStream KV bucket with a TTL: hash(owner, ClientToken) -> the RunInstances result,
 written by gateways."""

@@ -103,6 +103,18 @@ async def describe_instance_attribute(c: Call) -> str:
     return render.instance_attribute(attr, c.request_id)
 
 
+async def describe_instance_credit_specifications(c: Call) -> str:
+    req = rq.parse_describe_credit_specifications(c.params)
+    recs = await c.reads.describe_credit_specifications(req)
+    return render.credit_specifications(recs, c.request_id)
+
+
+async def modify_instance_attribute(c: Call) -> str:
+    instance_id, changes = rq.parse_modify_instance_attribute(c.params)
+    await c.service.modify_instance_attribute(instance_id, changes)
+    return render.ok("ModifyInstanceAttribute", c.request_id)
+
+
 ACTIONS: dict[str, Action] = {
     "RunInstances": run_instances,
     "TerminateInstances": terminate_instances,
@@ -118,4 +130,6 @@ ACTIONS: dict[str, Action] = {
     "DeleteTags": delete_tags,
     "DescribeTags": describe_tags,
     "DescribeInstanceAttribute": describe_instance_attribute,
+    "DescribeInstanceCreditSpecifications": describe_instance_credit_specifications,
+    "ModifyInstanceAttribute": modify_instance_attribute,
 }

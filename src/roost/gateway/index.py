@@ -9,6 +9,12 @@ Tags changed after launch live in a bucket of their own (`roost_instance_tags`,
 instance id -> the full tag set), written by gateways with compare-and-set. A node
 rewrites its record on every state change, so a gateway editing the record's tags
 would race the node and lose; a separate key has one kind of writer.
+
+User data, when a launch has any, is kept by the launching gateway in
+`roost_user_data` (instance id -> base64), for DescribeInstanceAttribute: Terraform
+compares it on every refresh. Only its keys are mirrored.
+
+When a node lets a record expire, the gateways drop that instance's tags and user data.
 """
 
 from __future__ import annotations
@@ -36,12 +42,14 @@ def _newer(a: InstanceRecord, b: InstanceRecord) -> bool:
 
 
 class InstanceIndex:
-    def __init__(self, records: KeyValue, tags: KeyValue) -> None:
+    def __init__(self, records: KeyValue, tags: KeyValue, user_data: KeyValue) -> None:
         self._records_kv = records
         self._tags_kv = tags
+        self._user_data_kv = user_data
         self._records: dict[str, InstanceRecord] = {}
         self._tags: dict[str, tuple[int, dict[str, str]]] = {}
-        self._synced = {"records": asyncio.Event(), "tags": asyncio.Event()}
+        self._with_user_data: set[str] = set()
+        self._synced = {k: asyncio.Event() for k in ("records", "tags", "user_data")}
         self._tasks: list[asyncio.Task[None]] = []
         self._chores: set[asyncio.Task[None]] = set()
 
@@ -78,7 +86,7 @@ class InstanceIndex:
     async def _fetch(self, instance_id: str) -> InstanceRecord | None:
         try:
             entry = await self._records_kv.get(instance_id)
-        except nats.js.errors.KeyNotFoundError:
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError):
             return None
         except (TimeoutError, nats.errors.Error) as exc:
             raise ServiceUnavailable(f"The instance index is unreachable: {exc!r}") from None
@@ -140,12 +148,32 @@ class InstanceIndex:
         except nats.js.errors.KeyNotFoundError:
             self._tags.pop(instance_id, None)
 
+    async def put_user_data(self, instance_id: str, user_data_b64: str) -> None:
+        try:
+            await self._user_data_kv.put(instance_id, user_data_b64.encode())
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.error("could not keep user data of %s: %r", instance_id, exc)
+            return
+        self._with_user_data.add(instance_id)
+
+    async def user_data(self, instance_id: str) -> str:
+        """The base64 user data ``instance_id`` was launched with, "" if none."""
+        try:
+            entry = await self._user_data_kv.get(instance_id)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError):
+            return ""
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise ServiceUnavailable(f"The user data store is unreachable: {exc!r}") from None
+        return (entry.value or b"").decode("ascii", errors="replace")
+
     # -- watching ----------------------------------------------------------
 
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._watch(self._records_kv, "records"), name="watch-records"),
             asyncio.create_task(self._watch(self._tags_kv, "tags"), name="watch-tags"),
+            asyncio.create_task(self._watch(self._user_data_kv, "user_data", meta_only=True),
+                                name="watch-user-data"),
         ]
 
     async def wait_synced(self, timeout: float) -> None:
@@ -158,11 +186,11 @@ class InstanceIndex:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _watch(self, kv: KeyValue, what: str) -> None:
+    async def _watch(self, kv: KeyValue, what: str, *, meta_only: bool = False) -> None:
         """Follow ``kv`` for good: re-watch after any failure, with a short backoff."""
         while True:
             try:
-                watcher = await kv.watchall()
+                watcher = await kv.watchall(meta_only=meta_only)
                 try:
                     async for entry in watcher:
                         if entry is None:
@@ -180,6 +208,9 @@ class InstanceIndex:
     def _on_entry(self, what: str, entry: KeyValue.Entry) -> None:
         removed = entry.operation in (KV_DEL, KV_PURGE)
         key = entry.key
+        if what == "user_data":
+            (self._with_user_data.discard if removed else self._with_user_data.add)(key)
+            return
         if what == "tags":
             if removed:
                 self._tags.pop(key, None)
@@ -194,8 +225,8 @@ class InstanceIndex:
             return
         if removed:
             self._records.pop(key, None)
-            if key in self._tags:
-                chore = asyncio.get_running_loop().create_task(self._drop_tags(key))
+            if key in self._tags or key in self._with_user_data:
+                chore = asyncio.get_running_loop().create_task(self._drop_extras(key))
                 self._chores.add(chore)
                 chore.add_done_callback(self._chores.discard)
             return
@@ -204,9 +235,12 @@ class InstanceIndex:
         except _DECODE_ERRORS:
             log.warning("undecodable instance record %s", key)
 
-    async def _drop_tags(self, instance_id: str) -> None:
-        """An instance record expired: its tag set has nothing left to describe."""
-        try:
-            await self._tags_kv.delete(instance_id)
-        except (TimeoutError, nats.errors.Error):
-            pass
+    async def _drop_extras(self, instance_id: str) -> None:
+        """An instance record expired: its tags and user data describe nothing now."""
+        for kv, held in ((self._tags_kv, instance_id in self._tags),
+                         (self._user_data_kv, instance_id in self._with_user_data)):
+            if held:
+                try:
+                    await kv.delete(instance_id)
+                except (TimeoutError, nats.errors.Error):
+                    pass

@@ -54,3 +54,19 @@ class InstanceAttribute:
     instance_id: str
     name: str  # the attribute's XML element name, e.g. "disableApiTermination"
     value: str
+
+
+# What DescribeInstanceAttribute answers for attributes roost has no notion of: the
+# values a plain EC2 instance reports, which is what Terraform compares against.
+FIXED_ATTRIBUTES = {
+    "disableApiTermination": "false",
+    "disableApiStop": "false",
+    "instanceInitiatedShutdownBehavior": "stop",
+    "sourceDestCheck": "true",
+    "ebsOptimized": "false",
+    "enaSupport": "true",
+    "rootDeviceName": "/dev/xvda",
+    "kernel": "",
+    "ramdisk": "",
+    "userData": "",
+}

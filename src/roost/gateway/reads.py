@@ -23,7 +23,14 @@ from roost.gateway.describe import (
     apply_filters,
     paginate,
 )
-from roost.gateway.model import InstanceAttribute, Paged, Reservation, TagRow, Zone
+from roost.gateway.model import (
+    FIXED_ATTRIBUTES,
+    InstanceAttribute,
+    Paged,
+    Reservation,
+    TagRow,
+    Zone,
+)
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -47,20 +54,6 @@ IMAGE_FIELDS: dict[str, Field[Image]] = {
     "root-device-type": lambda i: ["ebs"],
     "virtualization-type": lambda i: ["hvm"],
     "is-public": lambda i: ["true"],
-}
-# What DescribeInstanceAttribute answers for attributes roost has no notion of: the
-# values a plain EC2 instance reports, which is what Terraform compares against.
-_FIXED_ATTRIBUTES = {
-    "disableApiTermination": "false",
-    "disableApiStop": "false",
-    "instanceInitiatedShutdownBehavior": "stop",
-    "sourceDestCheck": "true",
-    "ebsOptimized": "false",
-    "enaSupport": "true",
-    "rootDeviceName": "/dev/xvda",
-    "kernel": "",
-    "ramdisk": "",
-    "userData": "",
 }
 
 
@@ -158,14 +151,25 @@ class Ec2Reads:
         chosen = [IMAGES[i] for i in req.ids] if req.ids else list(IMAGES.values())
         return apply_filters(chosen, req.filters, IMAGE_FIELDS)
 
+    async def describe_credit_specifications(self, req: DescribeRequest
+                                             ) -> list[InstanceRecord]:
+        index = self.service.index
+        records = await index.require(req.ids) if req.ids else index.all()
+        _check_dry_run(req)
+        burstable = [r for r in records if r.instance_type.startswith("t")]
+        return self._instances(req, burstable, INSTANCE_FIELDS)
+
     async def describe_instance_attribute(self, req: InstanceAttributeRequest
                                           ) -> InstanceAttribute:
         (rec,) = await self.service.index.require([req.instance_id])
         if req.attribute == "instanceType":
             return InstanceAttribute(rec.instance_id, "instanceType", rec.instance_type)
-        if req.attribute not in _FIXED_ATTRIBUTES:
+        if req.attribute == "userData":
+            user_data = await self.service.index.user_data(rec.instance_id)
+            return InstanceAttribute(rec.instance_id, "userData", user_data)
+        if req.attribute not in FIXED_ATTRIBUTES:
             raise InvalidParameterValue(
                 f"Value ({req.attribute}) for parameter attribute is invalid."
             )
-        value = _FIXED_ATTRIBUTES[req.attribute]
+        value = FIXED_ATTRIBUTES[req.attribute]
         return InstanceAttribute(rec.instance_id, req.attribute, value)

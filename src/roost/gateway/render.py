@@ -228,6 +228,16 @@ def ok(action: str, request_id: str) -> str:
 
 
 def instance_attribute(attr: InstanceAttribute, request_id: str) -> str:
+    # An unset attribute (no user data) is an empty element, not an empty value:
+    # Terraform hashes an empty value as if it were user data.
+    value = node(attr.name, text("value", attr.value)) if attr.value else f"<{attr.name}/>"
     return response("DescribeInstanceAttribute", request_id,
-                    text("instanceId", attr.instance_id),
-                    node(attr.name, text("value", attr.value)))
+                    text("instanceId", attr.instance_id), value)
+
+
+def credit_specifications(recs: Iterable[InstanceRecord], request_id: str) -> str:
+    """t-family instances run "unlimited", EC2's default for t3 (and what Terraform sets)."""
+    return response("DescribeInstanceCreditSpecifications", request_id, items(
+        "instanceCreditSpecificationSet",
+        (text("instanceId", r.instance_id) + text("cpuCredits", "unlimited") for r in recs),
+    ))

@@ -210,6 +210,11 @@ def parse_describe_instance_status(p: Params) -> DescribeRequest:
     )
 
 
+def parse_describe_credit_specifications(p: Params) -> DescribeRequest:
+    return DescribeRequest(instance_ids(p.values("InstanceId")), _filters(p),
+                           _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
+
+
 def parse_describe_instance_types(p: Params) -> DescribeRequest:
     return DescribeRequest(
         tuple(p.values("InstanceType")), _filters(p), _page(p, low=5, high=100),
@@ -242,3 +247,22 @@ def parse_tags(p: Params, *, deleting: bool) -> TagsRequest:
 def parse_instance_attribute(p: Params) -> InstanceAttributeRequest:
     (iid,) = instance_ids([p.require("InstanceId")])
     return InstanceAttributeRequest(iid, p.require("Attribute"))
+
+
+def parse_modify_instance_attribute(p: Params) -> tuple[str, dict[str, str]]:
+    """``(instance id, {attribute: value})`` from either form EC2 takes: ``Attribute`` +
+    ``Value``, or ``<Attribute>.Value`` (``DisableApiTermination.Value=false``)."""
+    (iid,) = instance_ids([p.require("InstanceId")])
+    changes: dict[str, str] = {}
+    name = p.get("Attribute")
+    if name:
+        changes[name] = p.require("Value")
+    for key in ("DisableApiTermination", "DisableApiStop", "InstanceInitiatedShutdownBehavior",
+                "SourceDestCheck", "EbsOptimized", "EnaSupport", "InstanceType", "UserData",
+                "Kernel", "Ramdisk"):
+        value = p.get(f"{key}.Value")
+        if value is not None:
+            changes[key[0].lower() + key[1:]] = value
+    if not changes:
+        raise MissingParameter("The request must contain an attribute to modify.")
+    return iid, changes

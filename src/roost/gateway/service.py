@@ -8,6 +8,7 @@ Nothing here sees HTTP or XML (see `actions`); nothing here builds a subject (se
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import secrets
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from roost.gateway.capacity import CapacityView
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
-from roost.gateway.model import Reservation, StateChange
+from roost.gateway.model import FIXED_ATTRIBUTES, Reservation, StateChange
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
 from roost.gateway.requests import InstanceIdsRequest, RunInstancesRequest
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
@@ -135,6 +136,10 @@ class Ec2Service:
         records.sort(key=lambda r: r.ami_launch_index)
         for rec in records:
             self.index.upsert(rec)
+        if req.user_data:
+            encoded = base64.b64encode(req.user_data.encode()).decode()
+            await asyncio.gather(*(self.index.put_user_data(r.instance_id, encoded)
+                                   for r in records))
         if claim is not None:
             await self.tokens.finish(claim, fingerprint=fp, owner_id=self.site.owner_id,
                                      instances=records)
@@ -194,6 +199,18 @@ class Ec2Service:
             self.index.upsert(reply.instance)
             current = reply.instance.state
         return StateChange(iid, current, reply.previous_state or rec.state)
+
+    async def modify_instance_attribute(self, instance_id: str, changes: dict[str, str]
+                                        ) -> None:
+        """Attributes roost has no notion of may be "set" only to the value they have,
+        which is what Terraform does before a destroy; anything else is refused."""
+        (rec,) = await self.index.require([instance_id])
+        for name, value in changes.items():
+            current = rec.instance_type if name == "instanceType" else FIXED_ATTRIBUTES.get(name)
+            if current is None or value.lower() != current.lower():
+                raise InvalidParameterValue(
+                    f"roost cannot set {name} to {value!r} on {instance_id}."
+                )
 
     # -- Tags ---------------------------------------------------------------------------
 
