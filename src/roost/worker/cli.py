@@ -1,0 +1,119 @@
+"""``roost worker --pool P module:function``: run a worker process.
+
+Exit status: 0 after a drain (SIGTERM, or the controller removed this worker's
+replica), 1 on a fatal error, 2 on bad usage, 3 after an aborted drain (a second
+signal), 4 if the worker's row vanished (its pool was deleted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import click
+
+from roost.store.errors import StoreError
+from roost.worker.config import INSTANCE_REF_ENVS, WorkerConfig
+from roost.worker.errors import TargetNotFound
+from roost.worker.runtime import ExitReason, Worker
+
+ENV = "ROOST_WORKER_"
+EXIT_CODES = {ExitReason.STOPPED: 0, ExitReason.REMOVED: 0, ExitReason.ABORTED: 3,
+              ExitReason.UNREGISTERED: 4}
+
+
+def load_target(target: str, app_dir: str | None = None) -> Callable[[Any], Any]:
+    """``package.module:function`` (or ``:object.attribute``) -> the callable."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetNotFound(f"{target!r} is not module:function")
+    if app_dir is not None:
+        sys.path.insert(0, str(Path(app_dir).resolve()))
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetNotFound(f"cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TargetNotFound(f"{module_name!r} has no {attr!r}") from None
+    if not callable(obj):
+        raise TargetNotFound(f"{target!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+async def _serve(fn: Callable[[Any], Any], config: WorkerConfig) -> ExitReason:
+    worker = Worker(fn, config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        return await worker.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    envvar = kw.pop("envvar", ENV + decls[0].lstrip("-").replace("-", "_").upper())
+    return click.option(*decls, envvar=envvar, show_envvar=True, show_default=True, **kw)
+
+
+@click.command("worker")
+@click.argument("target", metavar="MODULE:FUNCTION")
+@_opt("--pool", required=True, help="The worker pool whose tasks to run.")
+@_opt("--dsn", envvar=[ENV + "DSN", "ROOST_DSN"], required=True, help="Postgres DSN.")
+@_opt("--concurrency", "-c", type=click.IntRange(1), default=1, help="Tasks run at once.")
+@_opt("--lease", type=click.FloatRange(0, min_open=True), default=30.0,
+      help="Seconds a claim holds a task between heartbeats.")
+@_opt("--heartbeat", type=click.FloatRange(0), default=0.0,
+      help="Seconds between heartbeats (0: a third of the lease).")
+@_opt("--poll", type=click.FloatRange(0, min_open=True), default=1.0,
+      help="Longest wait between claims when the queue is empty.")
+@_opt("--revision", envvar=[ENV + "REVISION", "ROOST_REVISION"], default="",
+      help="The release this worker runs (the controller freezes on a mismatch).")
+@_opt("--instance-ref", envvar=[ENV + "INSTANCE_REF", *INSTANCE_REF_ENVS], default="",
+      help="The orchestrator's name for this replica (ROOST_INSTANCE_ID on a roost node, "
+           "POD_NAME on Kubernetes).")
+@_opt("--worker-id", default="", help="Default: <instance ref or host>-<random>.")
+@_opt("--db-pool-size", type=click.IntRange(1), default=2,
+      help="Database connections this worker opens.")
+@_opt("--retry-backoff", type=click.FloatRange(0), default=1.0,
+      help="Seconds before the first retry of a failed task; doubles per attempt.")
+@_opt("--retry-backoff-max", type=click.FloatRange(0), default=300.0)
+@_opt("--app-dir", default=".", help="Directory put first on sys.path to import MODULE.")
+@_opt("--log-level", default="info",
+      type=click.Choice(["debug", "info", "warning", "error"]))
+def worker(target: str, pool: str, dsn: str, concurrency: int, lease: float,
+           heartbeat: float, poll: float, revision: str, instance_ref: str, worker_id: str,
+           db_pool_size: int, retry_backoff: float, retry_backoff_max: float, app_dir: str,
+           log_level: str) -> None:
+    """Run MODULE:FUNCTION for each task of a pool: claim under a lease, heartbeat, and
+    drain on SIGTERM or when the controller asks."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        fn = load_target(target, app_dir)
+        config = WorkerConfig(
+            dsn=dsn, pool=pool, concurrency=concurrency, lease=lease,
+            heartbeat_interval=heartbeat, poll_interval=poll, revision=revision,
+            instance_ref=instance_ref, worker_id=worker_id, db_pool_size=db_pool_size,
+            retry_backoff=retry_backoff, retry_backoff_max=retry_backoff_max,
+        ).validate()
+    except (TargetNotFound, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        reason = asyncio.run(_serve(fn, config))
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise click.ClickException(f"database: {exc}") from None
+    sys.exit(EXIT_CODES[reason])
