@@ -1,0 +1,297 @@
+"""The task API, served by every controller replica (leader or not):
+
+- ``POST /api/v1/pools/{pool}/tasks``: submit ``{"payload": ..., "idempotencyKey": ...,
+  "maxAttempts": ...}``; 201 with the new task's ``id``, or 200 with the existing one
+  when the key was used before with the same payload (409 with another payload).
+- ``GET /api/v1/tasks/{id}``: status (queued, running, succeeded, failed), attempts,
+  result and last error.
+- ``GET /api/v1/pools/{pool}``: queued, running, succeeded, failed, and the replicas
+  and desired count the leader last published.
+
+Protocol only: parse, call `roost.store.tasks`, serialize. Every error is an
+``application/problem+json`` body; a database that does not answer is a 503, anything
+unexpected a 500 whose id is in the log, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import asyncpg
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from roost.controller.status import Problem
+from roost.store import tasks as tq
+from roost.store.errors import PoolNotFound
+
+log = logging.getLogger("roost.controller.tasks_api")
+
+POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+MAX_BODY = 1 << 20
+_MAX_ID = (1 << 63) - 1
+DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+_STATUS = {"queued": "queued", "running": "running", "done": "succeeded", "failed": "failed"}
+
+
+class _Doc(msgspec.Struct, rename="camel", omit_defaults=False):
+    pass
+
+
+class SubmitTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    payload: Any
+    """Any JSON value; the task function receives it as is."""
+    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = tq.DEFAULT_MAX_ATTEMPTS
+
+
+class TaskSubmitted(_Doc):
+    id: int
+    pool: str
+    created: bool
+    """False: the idempotency key named an existing task, returned here."""
+
+
+class TaskDoc(_Doc):
+    id: int
+    pool: str
+    status: str
+    """queued | running | succeeded | failed"""
+    attempts: int
+    max_attempts: int
+    result: Any
+    error: str | None
+    idempotency_key: str | None
+    created_at: str
+    finished_at: str | None
+
+
+class WorkerCounts(_Doc):
+    active: int
+    draining: int
+
+
+class PoolDoc(_Doc):
+    pool: str
+    queued: int
+    running: int
+    succeeded: int
+    failed: int
+    replicas: int | None
+    """The orchestrator's replica count at the leader's last tick (null before one)."""
+    desired: int | None
+    """The desired replica count the leader last published (null before one)."""
+    desired_valid_until: str | None
+    workers: WorkerCounts
+
+
+class ApiProblem(Exception):
+    def __init__(self, status: int, title: str, detail: str = "") -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail = status, title, detail
+
+
+def problem(status: int, title: str, detail: str = "", *, instance: str = "") -> Response:
+    body = msgspec.json.encode(Problem(title=title, status=status, detail=detail,
+                                       instance=instance))
+    return Response(body, status, media_type="application/problem+json")
+
+
+def _json(body: msgspec.Struct, status: int = 200,
+          headers: dict[str, str] | None = None) -> Response:
+    return Response(msgspec.json.encode(body), status, headers=headers,
+                    media_type="application/json")
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def _pool_id(request: Request) -> str:
+    pool = str(request.path_params["pool"])
+    if not POOL_ID.fullmatch(pool):
+        raise ApiProblem(400, "Invalid pool id",
+                         f"{pool!r} is not a pool id (lower-case letters, digits, '-')")
+    return pool
+
+
+def _task_id(request: Request) -> int:
+    raw = str(request.path_params["task_id"])
+    if not raw.isascii() or not raw.isdigit():
+        raise ApiProblem(400, "Invalid task id", f"{raw!r} is not a task id (digits)")
+    task_id = int(raw)
+    if not 0 < task_id <= _MAX_ID:
+        raise ApiProblem(404, "Unknown task", f"no task {raw}")
+    return task_id
+
+
+async def _body(request: Request) -> SubmitTask:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise ApiProblem(415, "Unsupported media type", f"send application/json, not {ctype}")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise ApiProblem(413, "Request too large", f"the body is over {MAX_BODY} bytes")
+    try:
+        return msgspec.json.decode(raw, type=SubmitTask)
+    except msgspec.ValidationError as exc:
+        raise ApiProblem(400, "Invalid task", str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ApiProblem(400, "Invalid JSON", str(exc)) from None
+
+
+def _task_doc(t: tq.Task) -> TaskDoc:
+    return TaskDoc(t.task_id, t.pool_id, _STATUS[t.status], t.attempts, t.max_attempts,
+                   t.result, t.error, t.idempotency_key, _iso(t.created_at) or "",
+                   _iso(t.finished_at))
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def task_routes(db: Any, *, timeout: float = 10.0) -> list[Route]:
+    """The task API's routes over ``db`` (an asyncpg pool), to mount in an app."""
+
+    def guarded(fn: Callable[[Request], Awaitable[Response]]) -> Endpoint:
+        @functools.wraps(fn)
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await asyncio.wait_for(fn(request), timeout)
+            except ApiProblem as exc:
+                return problem(exc.status, exc.title, exc.detail, instance=request.url.path)
+            except DB_ERRORS as exc:
+                log.warning("database error serving %s: %s", request.url.path, exc)
+                return problem(503, "Database unavailable",
+                               f"{type(exc).__name__}; retry later", instance=request.url.path)
+            except Exception:
+                error_id = uuid.uuid4().hex[:12]
+                log.exception("error %s serving %s", error_id, request.url.path)
+                return problem(500, "Internal error", f"logged as error {error_id}",
+                               instance=request.url.path)
+
+        return endpoint
+
+    @guarded
+    async def submit(request: Request) -> Response:
+        pool = _pool_id(request)
+        body = await _body(request)
+        try:
+            s = await tq.submit(db, pool, body.payload, idempotency_key=body.idempotency_key,
+                                max_attempts=body.max_attempts)
+        except PoolNotFound:
+            raise ApiProblem(404, "Unknown pool", f"no pool {pool!r}") from None
+        except tq.IdempotencyConflict as exc:
+            raise ApiProblem(409, "Idempotency key reused", str(exc)) from None
+        except ValueError as exc:  # NaN/Infinity decoded from the body are not JSON
+            raise ApiProblem(400, "Invalid task", str(exc)) from None
+        location = f"/api/v1/tasks/{s.task_id}"
+        return _json(TaskSubmitted(s.task_id, pool, s.created), 201 if s.created else 200,
+                     {"location": location})
+
+    @guarded
+    async def get_task(request: Request) -> Response:
+        task_id = _task_id(request)
+        try:
+            return _json(_task_doc(await tq.get_task(db, task_id)))
+        except tq.TaskNotFound:
+            raise ApiProblem(404, "Unknown task", f"no task {task_id}") from None
+
+    @guarded
+    async def get_pool(request: Request) -> Response:
+        pool = _pool_id(request)
+        try:
+            p = await tq.pool_summary(db, pool)
+        except PoolNotFound:
+            raise ApiProblem(404, "Unknown pool", f"no pool {pool!r}") from None
+        return _json(PoolDoc(p.pool_id, p.queued, p.running, p.succeeded, p.failed,
+                             p.replicas, p.desired, _iso(p.desired_valid_until),
+                             WorkerCounts(p.active_workers, p.draining_workers)))
+
+    return [
+        Route("/api/v1/pools/{pool}/tasks", submit, methods=["POST"]),
+        Route("/api/v1/tasks/{task_id}", get_task, methods=["GET"]),
+        Route("/api/v1/pools/{pool}", get_pool, methods=["GET"]),
+    ]
+
+
+def openapi_fragment() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(paths, component schemas) of the task API, to merge into an OpenAPI document."""
+    (submit_ref, submitted_ref, task_ref, pool_ref, problem_ref), components = (
+        msgspec.json.schema_components(
+            (SubmitTask, TaskSubmitted, TaskDoc, PoolDoc, Problem),
+            ref_template="#/components/schemas/{name}",
+        )
+    )
+
+    def ok(ref: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": ref}}}
+
+    def err(description: str) -> dict[str, Any]:
+        return {"description": description,
+                "content": {"application/problem+json": {"schema": problem_ref}}}
+
+    pool_param = {"name": "pool", "in": "path", "required": True,
+                  "schema": {"type": "string", "pattern": POOL_ID.pattern}}
+    unavailable = err("The database did not answer; retry later")
+    paths = {
+        "/api/v1/pools/{pool}/tasks": {"post": {
+            "summary": "Submit a task. With an idempotency key, a repeat returns the "
+                       "existing task instead of queueing another.",
+            "parameters": [pool_param],
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": submit_ref}}},
+            "responses": {
+                "201": ok(submitted_ref, "Queued"),
+                "200": ok(submitted_ref, "An existing task with this idempotency key"),
+                "400": err("Invalid JSON, pool id or field"),
+                "404": err("Unknown pool"),
+                "409": err("The idempotency key belongs to a task with another payload"),
+                "413": err("Body over 1 MiB"),
+                "415": err("Not JSON"),
+                "503": unavailable,
+            },
+        }},
+        "/api/v1/tasks/{task_id}": {"get": {
+            "summary": "A task: status (queued, running, succeeded, failed), attempts, "
+                       "result and last error.",
+            "parameters": [{"name": "task_id", "in": "path", "required": True,
+                            "schema": {"type": "integer", "minimum": 1}}],
+            "responses": {"200": ok(task_ref), "400": err("Invalid task id"),
+                          "404": err("Unknown task"), "503": unavailable},
+        }},
+        "/api/v1/pools/{pool}": {"get": {
+            "summary": "A pool's task counts, and the replicas and desired count the "
+                       "leader last published.",
+            "parameters": [pool_param],
+            "responses": {"200": ok(pool_ref), "400": err("Invalid pool id"),
+                          "404": err("Unknown pool"), "503": unavailable},
+        }},
+    }
+    return paths, components
+
+
+def build_app(db: Any) -> Starlette:
+    """The task API on its own (tests, embedding). The controller mounts `task_routes`
+    in its own app instead, next to /status."""
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        titles = {404: "Not found", 405: "Method not allowed"}
+        return problem(exc.status_code, titles.get(exc.status_code, "HTTP error"),
+                       f"{request.method} {request.url.path}: {exc.detail}",
+                       instance=request.url.path)
+
+    return Starlette(routes=task_routes(db), exception_handlers={HTTPException: http_error})
