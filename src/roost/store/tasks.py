@@ -81,6 +81,21 @@ class TaskStatus(enum.StrEnum):
     FAILED = "failed"  # out of attempts, or failed permanently
 
 
+TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.QUEUED: frozenset({
+        TaskStatus.RUNNING,  # claim: fresh token, lease, attempts + 1
+    }),
+    TaskStatus.RUNNING: frozenset({
+        TaskStatus.DONE,  # complete with the current token
+        TaskStatus.QUEUED,  # fail with retry and attempts left (after a backoff), or reap
+        TaskStatus.FAILED,  # fail permanently, out of attempts, or reaped on the last one
+    }),
+    TaskStatus.DONE: frozenset(),  # final; the token stays to answer a repeated complete
+    TaskStatus.FAILED: frozenset(),  # final; likewise for a repeated fail
+}
+"""The moves the statements below make, each guarded in SQL by the status it leaves."""
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     task_id: int
