@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from roost.store import fenced, lease
+from roost.store import pools as pools_q
 from roost.store import tasks as tq
 from roost.store import workers as wq
 from roost.store.errors import PoolNotFound
@@ -26,8 +28,6 @@ from tests.integration.test_controller_helpers import open_db, pool_spec
 @pytest.fixture
 async def db(pg_dsn: str) -> AsyncIterator[Any]:
     pool = await open_db(pg_dsn)
-    from roost.store import pools as pools_q
-
     await pools_q.create_pool(pool, pool_spec("p"))
     try:
         yield pool
@@ -175,3 +175,33 @@ async def test_only_an_active_worker_claims(db: Any) -> None:
     with pytest.raises(WorkerNotActive, match="not registered"):
         await tq.claim(db, "p", "stranger", limit=1, lease=5)
     assert (await tq.pool_summary(db, "p")).queued == 1
+
+
+async def test_a_claim_and_the_drain_mark_serialize(db: Any) -> None:
+    """Once the controller's drain mark has committed, the worker claims nothing more,
+    and its next heartbeat counts every task it claimed before the mark."""
+    w = await worker(db, "w1")
+    await db.execute("INSERT INTO tasks (pool_id, payload) "
+                     "SELECT 'p', to_jsonb(i) FROM generate_series(1, 500) i")
+    async with db.acquire() as conn:
+        epoch = await lease.bump_epoch(conn, "test")
+    refused = asyncio.Event()
+
+    async def claim_hard() -> None:
+        while True:
+            try:
+                await tq.claim(db, "p", w, limit=1, lease=30)
+            except WorkerNotActive:
+                refused.set()
+                return
+
+    claimer = asyncio.create_task(claim_hard())
+    await asyncio.sleep(0.1)
+    assert await fenced.mark_draining(db, epoch, "p", w, now=0)
+    held = await db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'")
+    await asyncio.wait_for(refused.wait(), 5)
+    await claimer
+    assert 0 < held < 500
+    assert await db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'") == held
+    beat = await wq.heartbeat(db, w, held={}, running=0, lease=30)
+    assert beat.status == "draining" and beat.active_leases == held
