@@ -36,9 +36,17 @@ log = logging.getLogger(__name__)
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
 
 
-def _newer(a: InstanceRecord, b: InstanceRecord) -> bool:
-    """Whether ``a`` should replace ``b``: a later ``updated_at`` (or no stamps at all)."""
-    return not (a.updated_at and b.updated_at) or a.updated_at >= b.updated_at
+def _newer(a: InstanceRecord, b: InstanceRecord, *, from_bucket: bool) -> bool:
+    """Whether ``a`` should replace ``b``.
+
+    Stamps have millisecond precision, so two moves of one instance can share one. The
+    bucket delivers a key's writes in order, so from there an equal stamp is a later
+    write; a record from a reply may be older than what the bucket already showed, so it
+    must be strictly newer.
+    """
+    if not (a.updated_at and b.updated_at):
+        return True
+    return a.updated_at >= b.updated_at if from_bucket else a.updated_at > b.updated_at
 
 
 class InstanceIndex:
@@ -94,7 +102,7 @@ class InstanceIndex:
             rec = decode(entry.value or b"", InstanceRecord)
         except _DECODE_ERRORS:
             return None
-        self.upsert(rec)
+        self.upsert(rec, from_bucket=True)
         return self._merged(rec)
 
     @property
@@ -103,9 +111,12 @@ class InstanceIndex:
 
     # -- writing -----------------------------------------------------------
 
-    def upsert(self, rec: InstanceRecord) -> None:
+    def upsert(self, rec: InstanceRecord, *, from_bucket: bool = False) -> None:
+        """Take ``rec`` into the mirror unless what it holds is newer. Records from
+        replies go in with ``from_bucket`` False, so that a caller sees its own launches
+        and commands at once."""
         cur = self._records.get(rec.instance_id)
-        if cur is None or _newer(rec, cur):
+        if cur is None or _newer(rec, cur, from_bucket=from_bucket):
             self._records[rec.instance_id] = rec
 
     async def set_tags(self, rec: InstanceRecord, change: Mapping[str, str | None], *,
@@ -231,7 +242,7 @@ class InstanceIndex:
                 chore.add_done_callback(self._chores.discard)
             return
         try:
-            self.upsert(decode(entry.value or b"", InstanceRecord))
+            self.upsert(decode(entry.value or b"", InstanceRecord), from_bucket=True)
         except _DECODE_ERRORS:
             log.warning("undecodable instance record %s", key)
 

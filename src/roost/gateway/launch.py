@@ -64,7 +64,7 @@ def describe_attempts(attempts: Sequence[Attempt]) -> str:
 class LaunchPolicy:
     policy: str = "pack"
     max_attempts: int = 3
-    anycast_retries: int = 3
+    anycast_seconds: float = 30.0
 
 
 class Launcher:
@@ -83,8 +83,9 @@ class Launcher:
         self._policy = policy
         self._rng = rng or random.Random()
 
-    def _count(self, outcome: str) -> None:
-        self._metrics.placement_attempts.labels(self._policy.policy, outcome).inc()
+    def _count(self, outcome: str, node_id: str) -> None:
+        route = "anycast" if node_id == ANYCAST else "node"
+        self._metrics.placement_attempts.labels(self._policy.policy, route, outcome).inc()
 
     async def _reconcile(self, launch_id: str) -> InstanceRecord | None:
         reply = await self._nodes.lookup(launch_id)
@@ -94,7 +95,7 @@ class Launcher:
                 ) -> InstanceRecord | None:
         outcome = "ok" if reply.ok and reply.instance else (reply.error or "internal")
         attempts.append(Attempt(node_id, outcome))
-        self._count(outcome)
+        self._count(outcome, node_id)
         if reply.ok and reply.instance is not None:
             return reply.instance
         if reply.error == "bad_request":
@@ -118,12 +119,12 @@ class Launcher:
                 self._view.settle(hold, launched=False)
                 outcome = "gone" if isinstance(exc, NoResponders) else "bad_reply"
                 attempts.append(Attempt(node_id, outcome))
-                self._count(outcome)
+                self._count(outcome, node_id)
                 continue
             except NodeTimeout:
                 self._view.settle(hold, launched=True)
                 attempts.append(Attempt(node_id, "timeout"))
-                self._count("timeout")
+                self._count("timeout", node_id)
                 if (found := await self._reconcile(req.launch_id)) is not None:
                     return found
                 continue
@@ -133,16 +134,25 @@ class Launcher:
         return None
 
     async def _anycast(self, req: LaunchRequest, attempts: list[Attempt]) -> InstanceRecord:
-        for _ in range(self._policy.anycast_retries):
+        """Anycast until a node launches it or NATS has no responders.
+
+        "no capacity" from an anycast node means another launch won the node's last
+        slot, in the moment before it unsubscribed: progress elsewhere, so asking again
+        is safe. Only no responders (nobody fits) ends the loop with a capacity error;
+        the deadline guards against a bus that keeps failing in other ways.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._policy.anycast_seconds
+        while loop.time() < deadline:
             try:
                 reply = await self._nodes.anycast(req)
             except NoResponders:
                 attempts.append(Attempt(ANYCAST, "no_responders"))
-                self._count("no_responders")
+                self._count("no_responders", ANYCAST)
                 break
             except (NodeTimeout, BadReply):
                 attempts.append(Attempt(ANYCAST, "timeout"))
-                self._count("timeout")
+                self._count("timeout", ANYCAST)
                 if (found := await self._reconcile(req.launch_id)) is not None:
                     return found
                 continue
@@ -214,9 +224,12 @@ class Launcher:
                      None)
         if worst is not None:
             raise worst
+        if not launched and failures:
+            raise failures[0]
+        why = f" Last: {failures[0].message}" if failures else ""
         raise InsufficientInstanceCapacity(
             f"Insufficient capacity: {len(launched)} of MinCount {min_count} "
-            f"{itype.name} could be placed; the launched ones were terminated."
+            f"{itype.name} could be placed; the launched ones were terminated.{why}"
         )
 
     async def rollback(self, records: Sequence[InstanceRecord]) -> None:

@@ -34,8 +34,8 @@ class GatewayMetrics:
         )
         self.placement_attempts = Counter(
             "roost_placement_attempts",
-            "Launch attempts sent to nodes, by policy and outcome",
-            ["policy", "outcome"], registry=r,
+            "Launch attempts sent to nodes, by policy, route (node-targeted or anycast) "
+            "and outcome", ["policy", "route", "outcome"], registry=r,
         )
         self.nodes = Gauge(
             "roost_gateway_nodes", "Nodes in the gateway's capacity view that are live",

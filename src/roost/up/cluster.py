@@ -11,6 +11,7 @@ import asyncio
 import logging
 import secrets
 import string
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from roost.decide.placement import DEFAULT_POLICY
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
 from roost.embedded import NatsServer
+from roost.embedded.proc import port_open, wait_until
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.node.agent import NodeAgent, NodeConfig
 
@@ -45,7 +47,18 @@ class NatsComponent:
         return self.server.url
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.server.start)
+        await asyncio.to_thread(self._start)
+
+    def _start(self) -> None:
+        # Its own session, unlike `NatsServer.start`: a Ctrl-C in the terminal goes to
+        # the whole foreground process group, and NATS must outlive the nodes and the
+        # gateway that drain through it while `roost up` shuts down in order.
+        server = self.server
+        server.proc = subprocess.Popen(server.command(), stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_until(lambda: port_open(server.port) and "Server is ready" in
+                   server.log.read_text(errors="replace"),
+                   proc=server.proc, what="nats-server", timeout=20.0, log=server.log)
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.server.stop)

@@ -1,0 +1,211 @@
+"""Launch orchestration over a real nats-server, against scripted nodes that lose races,
+go quiet or vanish: the cases a healthy cluster rarely shows on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from roost.bus import schemas as s
+from roost.bus import subjects
+from roost.bus.connect import key_value
+from roost.embedded import NatsServer
+from roost.gateway.requests import RunInstancesRequest
+from roost.gateway.server import Gateway, GatewayConfig
+from roost.gateway.tokens import TokenEntry, fingerprint, token_key
+
+RUN = ("Action=RunInstances&Version=2016-11-15&ImageId=ami-00000000000000001"
+       "&InstanceType=t3.micro&MinCount=1&MaxCount=1")
+
+
+class ScriptedNode:
+    """A node that speaks the contract and does what the test says, on real NATS."""
+
+    def __init__(self, nc: Client, node_id: str, *, free_cpu: int,
+                 on_launch: Callable[[s.LaunchRequest], str | None]) -> None:
+        self.nc, self.node_id, self.free_cpu = nc, node_id, free_cpu
+        self.on_launch = on_launch  # "ok", "no_capacity", or None (stay silent)
+        self.launches: list[s.LaunchRequest] = []
+        self.held: dict[str, s.InstanceRecord] = {}
+
+    def record(self, req: s.LaunchRequest) -> s.InstanceRecord:
+        return s.InstanceRecord(
+            instance_id=f"i-{abs(hash(req.launch_id)) % 16**17:017x}", node_id=self.node_id,
+            instance_type=req.instance_type, image_id=req.image_id, state="pending",
+            launch_id=req.launch_id, reservation_id=req.reservation_id,
+            launch_time="2026-01-01T00:00:00.000Z", availability_zone="roost-1a",
+            client_token=req.client_token)
+
+    async def start(self) -> None:
+        await self.nc.subscribe(subjects.node_launch(self.node_id), cb=self._launch)
+        await self.nc.subscribe(subjects.LAUNCH_LOOKUP, cb=self._lookup)
+        await self.publish(1)
+
+    async def publish(self, seq: int) -> None:
+        snap = s.CapacitySnapshot(
+            node_id=self.node_id, boot_id="b", seq=seq, availability_zone="roost-1a",
+            draining=False, alloc_cpu_milli=16000, alloc_mem_mib=65536,
+            free_cpu_milli=self.free_cpu, free_mem_mib=65536, heartbeat_seconds=30.0,
+            sent_at=time.time(), fit={"t3.micro": self.free_cpu // 2000})
+        await self.nc.publish(subjects.capacity(self.node_id), s.encode(snap))
+
+    async def _launch(self, msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchRequest)
+        self.launches.append(req)
+        outcome = self.on_launch(req)
+        rec = self.record(req)
+        if outcome == "ok" or outcome == "silent-but-launched":
+            self.held[req.launch_id] = rec
+        if outcome == "ok":
+            await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=True,
+                                                     node_id=self.node_id, instance=rec)))
+        elif outcome == "no_capacity":
+            await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=False,
+                                                     node_id=self.node_id,
+                                                     error="no_capacity")))
+
+    async def _lookup(self, msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchLookup)
+        rec = self.held.get(req.launch_id)
+        if rec is not None:
+            await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=True,
+                                                     node_id=self.node_id, instance=rec)))
+
+
+@pytest.fixture
+async def bus(nats_server: NatsServer) -> AsyncIterator[Client]:
+    nc = await nats.connect(nats_server.url)
+    yield nc
+    await nc.close()
+
+
+@pytest.fixture
+async def gateway(nats_server: NatsServer) -> AsyncIterator[Gateway]:
+    gw = Gateway(GatewayConfig(nats_urls=[nats_server.url], port=0, auth=False,
+                               launch_timeout=0.5))
+    await gw.start()
+    yield gw
+    await gw.stop()
+
+
+async def post(gw: Gateway, body: str) -> httpx.Response:
+    async with httpx.AsyncClient() as client:
+        return await client.post(gw.endpoint + "/", content=body.encode(), timeout=30)
+
+
+async def until_live(gw: Gateway, count: int) -> None:
+    assert gw.service is not None
+    for _ in range(200):
+        if gw.service.view.live_count() >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("nodes never showed up in the capacity view")
+
+
+def attempts(gw: Gateway) -> dict[tuple[str, str], float]:
+    out = {}
+    for metric in gw.metrics.placement_attempts.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                out[(sample.labels["route"], sample.labels["outcome"])] = sample.value
+    return out
+
+
+async def test_no_capacity_fails_over_to_the_next_node(gateway: Gateway, bus: Client) -> None:
+    # Under "pack" the fuller node ranks first; it loses the race and says so.
+    full = ScriptedNode(bus, "full", free_cpu=2000, on_launch=lambda r: "no_capacity")
+    roomy = ScriptedNode(bus, "roomy", free_cpu=16000, on_launch=lambda r: "ok")
+    for n in (full, roomy):
+        await n.start()
+    await until_live(gateway, 2)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert "<instanceId>" in resp.text and len(full.launches) == len(roomy.launches) == 1
+    assert attempts(gateway) == {("node", "no_capacity"): 1, ("node", "ok"): 1}
+
+
+async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client) -> None:
+    slow = ScriptedNode(bus, "slow", free_cpu=2000, on_launch=lambda r: "silent-but-launched")
+    other = ScriptedNode(bus, "other", free_cpu=16000, on_launch=lambda r: "ok")
+    for n in (slow, other):
+        await n.start()
+    await until_live(gateway, 2)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    (launched,) = slow.held.values()
+    assert launched.instance_id in resp.text
+    assert other.launches == []  # found by lookup, never launched twice
+
+
+async def test_empty_view_falls_back_to_anycast(gateway: Gateway, bus: Client) -> None:
+    served: list[str] = []
+
+    async def anycast_node(msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchRequest)
+        served.append(req.launch_id)
+        rec = ScriptedNode(bus, "x", free_cpu=0, on_launch=lambda r: None).record(req)
+        await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=True,
+                                                 node_id="x", instance=rec)))
+
+    await bus.subscribe(subjects.run_instances("t3.micro"), queue=subjects.NODE_QUEUE,
+                        cb=anycast_node)
+    await bus.flush()
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200 and len(served) == 1
+    assert attempts(gateway) == {("anycast", "ok"): 1}
+
+
+async def test_no_responders_is_insufficient_capacity_at_once(gateway: Gateway) -> None:
+    started = time.monotonic()
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 500 and "InsufficientInstanceCapacity" in resp.text
+    assert time.monotonic() - started < 1.0
+
+
+async def test_client_token_of_a_dead_gateway_is_taken_over(
+    gateway: Gateway, bus: Client,
+) -> None:
+    """A pending claim older than the takeover limit: the repeat keeps its reservation
+    id and finds, by lookup, the instance the dead gateway had launched."""
+    node = ScriptedNode(bus, "n1", free_cpu=16000, on_launch=lambda r: "ok")
+    await node.start()
+    await until_live(gateway, 1)
+    assert gateway.service is not None
+    gateway.service.tokens._takeover_after = 0.2
+    # Forge what a gateway that died mid-launch leaves: a pending claim, a launch done.
+    same = RunInstancesRequest("ami-00000000000000001", "t3.micro", 1, 1)
+    kv = await key_value(bus, subjects.CLIENT_TOKENS_BUCKET)
+    pending = TokenEntry(state="pending", fingerprint=fingerprint(same.fingerprint()),
+                         reservation_id="r-dead", owner_id="000000000000",
+                         started_at=time.time() - 1)
+    await kv.put(token_key("000000000000", "orphan"), msgspec.json.encode(pending))
+    dead_launch = s.LaunchRequest(launch_id="r-dead-0", instance_type="t3.micro",
+                                  image_id="ami-00000000000000001", reservation_id="r-dead")
+    node.held["r-dead-0"] = node.record(dead_launch)
+
+    resp = await post(gateway, RUN + "&ClientToken=orphan")
+    assert resp.status_code == 200, resp.text
+    assert "<reservationId>r-dead</reservationId>" in resp.text
+    assert node.held["r-dead-0"].instance_id in resp.text
+    assert node.launches == []  # found by lookup, nothing launched again
+
+
+async def test_concurrent_repeats_of_one_token_launch_once(gateway: Gateway, bus: Client
+                                                           ) -> None:
+    node = ScriptedNode(bus, "n1", free_cpu=16000, on_launch=lambda r: "ok")
+    await node.start()
+    await until_live(gateway, 1)
+    replies = await asyncio.gather(*(post(gateway, RUN + "&ClientToken=same")
+                                     for _ in range(5)))
+    assert {r.status_code for r in replies} == {200}
+    ids: set[Any] = {r.text.split("<instanceId>")[1].split("<")[0] for r in replies}
+    assert len(ids) == 1 and len(node.launches) == 1

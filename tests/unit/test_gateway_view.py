@@ -1,0 +1,121 @@
+"""Pure parts of the gateway: filters, pages and the capacity view (with a fake clock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from roost.bus.schemas import CapacitySnapshot, InstanceRecord
+from roost.domain.catalog import BUILTIN
+from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
+from roost.gateway.capacity import CapacityView
+from roost.gateway.describe import (
+    INSTANCE_FIELDS,
+    apply_filters,
+    paginate,
+    wildcard_match,
+)
+from roost.gateway.requests import Filter, Page
+
+
+@pytest.mark.parametrize(("pattern", "value", "hit"), [
+    ("t3.*", "t3.micro", True), ("t3.*", "m7i.large", False), ("?3.micro", "t3.micro", True),
+    ("t3.micr", "t3.micro", False), (r"a\*b", "a*b", True), (r"a\*b", "axb", False),
+    ("[x]", "[x]", True), ("*", "", True),
+])
+def test_wildcards(pattern: str, value: str, hit: bool) -> None:
+    assert wildcard_match(pattern, value) is hit
+
+
+def rec(iid: str, state: str = "running", **tags: str) -> InstanceRecord:
+    return InstanceRecord(instance_id=iid, node_id="n1", instance_type="t3.micro",
+                          image_id="ami-1", state=state, launch_id="l", reservation_id="r-1",
+                          launch_time="", availability_zone="roost-1a", tags=tags)
+
+
+def test_filters_combine_and_within_or_across() -> None:
+    recs = [rec("i-1", env="dev"), rec("i-2", "stopped", env="prod"), rec("i-3")]
+
+    def ids(*filters: Filter) -> list[str]:
+        out = apply_filters(recs, filters, INSTANCE_FIELDS, tags=lambda r: r.tags)
+        return [r.instance_id for r in out]
+
+    assert ids(Filter("instance-state-name", ("running",))) == ["i-1", "i-3"]
+    assert ids(Filter("tag:env", ("dev", "prod"))) == ["i-1", "i-2"]
+    assert ids(Filter("tag-key", ("env",)), Filter("instance-state-code", ("80",))) == ["i-2"]
+    assert ids(Filter("tag-value", ("p*",))) == ["i-2"]
+    with pytest.raises(InvalidParameterValue):
+        ids(Filter("colour", ("red",)))
+
+
+def test_pages_follow_the_last_key() -> None:
+    items = [f"k{i:02d}" for i in range(12)]
+    first = paginate(items, Page(5), key=str)
+    assert first.items == tuple(items[:5]) and first.next_token
+    second = paginate([*items, "k00a"], Page(5, first.next_token), key=str)
+    assert second.items[0] == "k05"  # an insert before the cursor does not shift pages
+    last = paginate(items, Page(5, paginate(items, Page(10), key=str).next_token), key=str)
+    assert last.items == ("k10", "k11") and last.next_token is None
+    with pytest.raises(InvalidPaginationToken):
+        paginate(items, Page(5, "not a token"), key=str)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snap(node: str, seq: int, *, cpu: int = 8000, boot: str = "b1", sent: float = 0.0,
+         **kw: Any) -> CapacitySnapshot:
+    return CapacitySnapshot(node_id=node, boot_id=boot, seq=seq, availability_zone="roost-1a",
+                            draining=False, alloc_cpu_milli=8000, alloc_mem_mib=32768,
+                            free_cpu_milli=cpu, free_mem_mib=32768, heartbeat_seconds=1.0,
+                            sent_at=sent, fit={"t3.micro": cpu // 2000}, **kw)
+
+
+def test_snapshots_are_ordered_by_seq_within_a_boot() -> None:
+    view = CapacityView(Clock())
+    assert view.apply(snap("n1", 2, cpu=4000))
+    assert not view.apply(snap("n1", 1, cpu=8000))  # reordered: older
+    assert view.nodes()[0].free.resources.cpu_milli == 4000
+    assert view.apply(snap("n1", 1, cpu=8000, boot="b2", sent=5.0))  # a restart wins
+    assert not view.apply(snap("n1", 9, cpu=0, boot="b1", sent=1.0))  # late, old boot
+    assert view.nodes()[0].free.resources.cpu_milli == 8000
+
+
+def test_silent_nodes_leave_the_candidates_then_the_view() -> None:
+    clock = Clock()
+    view = CapacityView(clock)
+    view.apply(snap("n1", 1))
+    clock.now += 2.9
+    assert [n.node_id for n in view.nodes()] == ["n1"]
+    clock.now += 0.2
+    assert view.nodes() == [] and view.status()[0].live is False
+    clock.now += 60
+    assert view.status() == []
+
+
+def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> None:
+    view = CapacityView(Clock())
+    view.apply(snap("n1", 1, sent=10.0))
+    micro = BUILTIN["t3.micro"]
+    hold = view.hold("n1", micro)
+    assert view.nodes()[0].free.resources.cpu_milli == 6000
+    view.settle(hold, launched=True, launched_at=11.0)
+    assert view.nodes()[0].free.resources.cpu_milli == 6000  # not yet in a snapshot
+    view.apply(snap("n1", 2, cpu=6000, sent=10.5))  # sent before the launch: still held
+    assert view.nodes()[0].free.resources.cpu_milli == 4000
+    view.apply(snap("n1", 3, cpu=6000, sent=11.5))
+    assert view.nodes()[0].free.resources.cpu_milli == 6000
+
+    failed = view.hold("n1", micro)
+    view.settle(failed, launched=False)
+    unknown = view.hold("n1", micro)
+    view.settle(unknown, launched=True)  # a timeout: held until the next snapshot
+    assert view.nodes()[0].free.resources.cpu_milli == 4000
+    view.apply(snap("n1", 4, cpu=6000, sent=12.0))
+    assert view.nodes()[0].free.resources.cpu_milli == 6000
