@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from click.testing import CliRunner
 
+from roost.bench.launch import Signer, bench, percentile
 from roost.gateway.cli import fetch_signed, status
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 
@@ -119,3 +121,13 @@ def test_nats_unreachable_is_service_unavailable(tmp_path: Path) -> None:
         assert httpx.get(c.endpoint + "/healthz").status_code == 503
     finally:
         c.stop()
+
+
+def test_bench_launch_measures_a_running_gateway(cluster: ThreadedCluster) -> None:
+    levels = asyncio.run(bench(Signer(cluster.endpoint, cluster.key, cluster.secret, "roost-1"),
+                               levels=[1, 4], pairs=8, itype="t3.nano", warmup=2))
+    assert [lv.concurrency for lv in levels] == [1, 4]
+    assert all(lv.errors == 0 and lv.launches_per_second > 0 for lv in levels)
+    assert all(0 < lv.run_p50_ms <= lv.run_p99_ms for lv in levels)
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
