@@ -56,6 +56,7 @@ def mirror() -> Path:
     return path
 
 
+@pytest.mark.timeout(600)  # two provider waits of >= 10 s each; slow on a busy machine
 def test_aws_instance_apply_destroy(tmp_path: Path) -> None:
     plugins = mirror()
     cluster: ThreadedCluster = make_cluster(tmp_path / "cluster")

@@ -43,9 +43,13 @@ def roost_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, st
     try:
         yield proc, log, read_until(proc, log, "Ctrl-C stops everything")
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        if proc.poll() is None:  # the test failed before its own Ctrl-C
+            os.kill(proc.pid, signal.SIGINT)  # so that roost up stops its nats-server too
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 def test_roost_up_then_the_pasted_aws_cli_line(
