@@ -5,6 +5,7 @@ land, and the report of which pod actually went."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,7 +176,7 @@ async def test_a_pod_that_went_instead_of_the_drained_one_is_reported(rig: Rig) 
     (check,) = rig.orch.removal_checks("batch")
     assert check.outcome == "mismatch"
     assert check.detail == f"removed {a} instead of drained {drained}"
-    report = rig.orch.report()["pools"]["batch"]
+    report = json.loads(json.dumps(rig.orch.report()))["pools"]["batch"]  # JSON as is
     assert report["mismatches"] == 1
     assert any("instead of drained" in n for n in report["notes"])
 
