@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
+from lightkube import ApiError
 from lightkube.models.core_v1 import Node, Pod
 
 from roost.controller.adapters.k8s import pods as P
@@ -16,6 +18,13 @@ from roost.controller.adapters.k8s.config import (
     load_config,
     load_settings,
     parse_ref,
+)
+from roost.controller.adapters.k8s.errors import ScaleConflict, api_errors
+from roost.controller.orchestrator import (
+    OrchestratorError,
+    OrchestratorUnavailable,
+    ScaleRejected,
+    UnknownPool,
 )
 
 
@@ -217,3 +226,31 @@ def test_kubeconfig_from_the_environment_and_missing_config(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="kubernetes config"):
         load_config(nowhere)
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "body", "kind"), [
+    (404, {"kind": "Status", "code": 404, "message": "not found"}, UnknownPool),
+    (409, {"kind": "Status", "code": 409, "message": "modified"}, ScaleConflict),
+    (403, {"kind": "Status", "code": 403, "message": "forbidden"}, OrchestratorError),
+    (422, {"kind": "Status", "code": 422, "message": "invalid"}, ScaleRejected),
+    (429, {"kind": "Status", "code": 429, "message": "slow down"}, OrchestratorUnavailable),
+    (503, None, OrchestratorUnavailable),
+    (418, None, OrchestratorError),
+])
+def test_api_errors_become_the_protocols_errors(code: int, body: dict[str, Any] | None,
+                                                kind: type[Exception]) -> None:
+    request = httpx2.Request("GET", "http://k/api")
+    response = (httpx2.Response(code, json=body, request=request) if body
+                else httpx2.Response(code, text="oops", request=request))
+    exc: Exception = (ApiError(request=request, response=response) if body else
+                      httpx2.HTTPStatusError("x", request=request, response=response))
+    with pytest.raises(kind) as info, api_errors("reading", UnknownPool):
+        raise exc
+    assert type(info.value) is kind and f"HTTP {code}" in str(info.value)
+    with pytest.raises(OrchestratorUnavailable), api_errors("reading"):
+        raise httpx2.ConnectError("refused", request=request)
+    with pytest.raises(KeyError), api_errors("reading"):  # not a client error: not ours
+        raise KeyError("bug")

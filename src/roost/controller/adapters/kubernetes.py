@@ -32,16 +32,14 @@ on aiohttp, untyped for mypy's purposes, with a second HTTP stack to configure.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import httpx2
-import msgspec
-from lightkube import ApiError, AsyncClient, operators
+from lightkube import AsyncClient, operators
 from lightkube.models.core_v1 import Pod
 from lightkube.resources.apps_v1 import DeploymentScale
 from lightkube.resources.core_v1 import Pod as PodResource
@@ -54,6 +52,7 @@ from roost.controller.adapters.k8s.config import (
     load_config,
     parse_ref,
 )
+from roost.controller.adapters.k8s.errors import ScaleConflict, UnsafeScaleDown, api_errors
 from roost.controller.adapters.k8s.pods import (
     DELETION_COST,
     INT32,
@@ -70,33 +69,31 @@ from roost.controller.adapters.k8s.safety import MISMATCH, RemovalCheck, removal
 from roost.controller.orchestrator import (
     InstanceView,
     OrchestratorError,
-    OrchestratorUnavailable,
     PoolRef,
     PoolState,
-    ScaleRejected,
     ScaleResult,
     UnknownInstance,
     UnknownPool,
     check_replicas,
 )
 
+__all__ = [
+    "ACCESS",
+    "REMOVAL_MARK",
+    "Access",
+    "KubernetesOrchestrator",
+    "KubernetesSettings",
+    "PoolDetails",
+    "RemovalCheck",
+    "ScaleConflict",
+    "UnsafeScaleDown",
+]
+
 log = logging.getLogger("roost.controller.kubernetes")
 
 REMOVAL_MARK = "roost.dev/removal-requested-at"
 """Set beside a negative deletion cost that roost wrote, so roost clears only its own."""
 KEEP_CHECKS = 20
-
-
-class ScaleConflict(OrchestratorError):
-    """The Deployment changed between our read and our write (HTTP 409)."""
-
-    temporary = True
-
-
-class UnsafeScaleDown(ScaleRejected):
-    """Removing a replica now could remove another pod than the drained one."""
-
-    temporary = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,40 +149,6 @@ class _Verbatim(operators.Operator[None]):
         return self.selector
 
 
-def _fail(exc: Exception, what: str, missing: type[OrchestratorError]) -> NoReturn:
-    if isinstance(exc, httpx2.TransportError):
-        raise OrchestratorUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-    if isinstance(exc, msgspec.DecodeError | msgspec.ValidationError):
-        raise OrchestratorError(f"{what}: unreadable answer: {exc}") from exc
-    if isinstance(exc, ApiError):
-        code, msg = exc.status.code or exc.response.status_code, exc.status.message or ""
-    elif isinstance(exc, httpx2.HTTPStatusError):
-        code, msg = exc.response.status_code, exc.response.text[:200]
-    else:
-        raise exc
-    text = f"{what}: HTTP {code}: {msg}"
-    if code == 404:
-        raise missing(text) from exc
-    if code == 409:
-        raise ScaleConflict(f"{text} (retried next tick)") from exc
-    if code in (401, 403):
-        raise OrchestratorError(f"{text} (check the controller's RBAC)") from exc
-    if code in (400, 422):
-        raise ScaleRejected(text) from exc
-    if code == 429 or code >= 500:
-        raise OrchestratorUnavailable(text) from exc
-    raise OrchestratorError(text) from exc
-
-
-@contextlib.contextmanager
-def _api(what: str, missing: type[OrchestratorError] = OrchestratorError) -> Iterator[None]:
-    """Client errors become the Protocol's error tree; nothing else leaks out."""
-    try:
-        yield
-    except (httpx2.HTTPError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        _fail(exc, what, missing)
-
-
 class KubernetesOrchestrator:
     name = "kubernetes"
 
@@ -221,7 +184,7 @@ class KubernetesOrchestrator:
         scale = await self._scale(dep)
         pods = await self._pods(dep, scale)
         self._resolve(pool.pool_id, pods)
-        with _api(f"reading nodes for {dep}"):
+        with api_errors(f"reading nodes for {dep}"):
             view = await self._cluster.view()
         active = sorted((p for p in pods if is_active(p)), key=name)
         template = active[0] if active else None
@@ -271,7 +234,7 @@ class KubernetesOrchestrator:
                                  replicas, self._now())
         body = {"metadata": {"resourceVersion": scale.resource_version},
                 "spec": {"replicas": replicas}}
-        with _api(f"scaling {dep} to {replicas}", UnknownPool):
+        with api_errors(f"scaling {dep} to {replicas}", UnknownPool):
             await self._client.patch(DeploymentScale, dep.name, body, namespace=dep.namespace,
                                      patch_type=PatchType.MERGE)
         self._written[pool.pool_id] = replicas
@@ -346,7 +309,7 @@ class KubernetesOrchestrator:
             raise UnknownPool(str(exc)) from None
 
     async def _scale(self, dep: DeploymentRef) -> _Scale:
-        with _api(f"reading {dep}/scale", UnknownPool):
+        with api_errors(f"reading {dep}/scale", UnknownPool):
             scale = await self._client.get(DeploymentScale, dep.name, namespace=dep.namespace)
         spec, status, meta = scale.spec, scale.status, scale.metadata
         selector = status.selector if status else None
@@ -358,7 +321,7 @@ class KubernetesOrchestrator:
         return _Scale(replicas, selector, rv)
 
     async def _pods(self, dep: DeploymentRef, scale: _Scale) -> list[Pod]:
-        with _api(f"listing the pods of {dep}", UnknownPool):
+        with api_errors(f"listing the pods of {dep}", UnknownPool):
             return [p async for p in self._client.list(
                 PodResource, namespace=dep.namespace, labels={"": _Verbatim(scale.selector)})]
 
@@ -370,7 +333,7 @@ class KubernetesOrchestrator:
             DELETION_COST: want,
             REMOVAL_MARK: datetime.fromtimestamp(self._now(), UTC).isoformat() if mark else None,
         }}}
-        with _api(f"annotating pod {pod} of {dep}", UnknownInstance):
+        with api_errors(f"annotating pod {pod} of {dep}", UnknownInstance):
             answer = await self._client.patch(PodResource, pod, body, namespace=dep.namespace,
                                               patch_type=PatchType.MERGE)
         found = pod_annotations(answer).get(DELETION_COST)
