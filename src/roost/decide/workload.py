@@ -1,0 +1,244 @@
+"""The workload a cluster expects, and how fragmented a node is against it.
+
+Fragmentation follows Weng et al., "Beware of Fragmentation" (USENIX ATC'23): a node's
+free GPU capacity is fragmented, for one request shape, to the extent that the shape
+cannot use it. A shape that cannot run on the node at all (short of CPU or of devices
+that hold it) finds every free GPU milli unusable; a shape that runs finds unusable only
+the devices whose free milli is below its per-device ask. Averaged over the shapes the
+cluster expects (the workload), weighted by how often each arrives, this is the node's
+expected fragmentation F_n(M). FGD places each request where F_n(M) grows least.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from roost.domain.catalog import InstanceType
+from roost.domain.fit import FreeCapacity, fit_count
+from roost.domain.resources import GPU_MILLI
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Demand:
+    """One request shape: CPU, memory, and ``gpu_count`` devices with ``gpu_milli`` each.
+
+    A whole-GPU type asks ``gpu_milli == 1000``; a slice asks one device and less.
+    """
+
+    cpu_milli: int
+    mem_mib: int
+    gpu_count: int = 0
+    gpu_milli: int = 0
+    gpu_model: str = ""
+
+    @classmethod
+    def of(cls, itype: InstanceType) -> Demand:
+        if itype.gpu_count:
+            return cls(itype.cpu_milli, itype.mem_mib, itype.gpu_count, GPU_MILLI, itype.gpu_model)
+        if itype.gpu_milli:
+            return cls(itype.cpu_milli, itype.mem_mib, 1, itype.gpu_milli, itype.gpu_model)
+        return cls(itype.cpu_milli, itype.mem_mib)
+
+    @property
+    def gpu_total_milli(self) -> int:
+        return self.gpu_count * self.gpu_milli
+
+    def as_type(self) -> InstanceType:
+        """This shape as an instance type, for the fit rules. A zero CPU or memory ask
+        (the traces have some) counts as 1, which the fit rules can divide by."""
+        cpu, mem = max(1, self.cpu_milli), max(1, self.mem_mib)
+        name = f"demand.c{cpu}-m{mem}-g{self.gpu_count}x{self.gpu_milli}"
+        if self.gpu_count and self.gpu_milli >= GPU_MILLI:
+            return InstanceType(name, cpu, mem, gpu_count=self.gpu_count, gpu_model=self.gpu_model)
+        if self.gpu_count:
+            return InstanceType(name, cpu, mem, gpu_milli=self.gpu_milli, gpu_model=self.gpu_model)
+        return InstanceType(name, cpu, mem)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Request shapes and their shares of arrivals (shares sum to 1).
+
+    Build it from what was asked recently (`from_requests`): the gateway feeds it recent
+    launches, the benchmark the pod list. Hashable, so policies built on it can be cached.
+    """
+
+    mix: tuple[tuple[Demand, float], ...]
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[InstanceType | Demand]) -> Workload:
+        counts = Counter(r if isinstance(r, Demand) else Demand.of(r) for r in requests)
+        return cls.from_counts(counts)
+
+    @classmethod
+    def from_counts(cls, counts: Counter[Demand] | dict[Demand, float]) -> Workload:
+        total = float(sum(counts.values()))
+        if total <= 0:
+            raise ValueError("a workload needs at least one request")
+        ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return cls(tuple((d, n / total) for d, n in ordered if n > 0))
+
+    @classmethod
+    def of(cls, itype: InstanceType) -> Workload:
+        """The workload of one shape: "expect more requests like this one"."""
+        return cls(((Demand.of(itype), 1.0),))
+
+    def typical(self, coverage: float = 0.95, *, memory: bool = False) -> Workload:
+        """The most frequent shapes that together cover ``coverage`` of arrivals, with
+        shares renormalised; the FGD artifact keeps 95% so rare shapes don't dominate
+        the cost of every score. Unless ``memory``, shapes are first merged on what FGD
+        looks at (CPU and GPU, not memory)."""
+        merged: dict[Demand, float] = {}
+        for d, share in self.mix:
+            mem = d.mem_mib if memory else 0
+            key = Demand(d.cpu_milli, mem, d.gpu_count, d.gpu_milli, d.gpu_model)
+            merged[key] = merged.get(key, 0.0) + share
+        ordered = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))
+        kept: list[tuple[Demand, float]] = []
+        covered = 0.0
+        for d, share in ordered:
+            if covered >= coverage - 1e-12:
+                break
+            kept.append((d, share))
+            covered += share
+        return Workload(tuple((d, s / covered) for d, s in kept))
+
+
+_WEIGHT_SCALE = 1 << 24
+
+
+class _Group:
+    """Shapes that ask the same devices (count, milli, model), by CPU ask. Shares are
+    held as integer weights so that sums are exact and equal states score equal."""
+
+    __slots__ = ("count", "cpus", "cum", "mems", "milli", "model", "weights")
+
+    def __init__(self, count: int, milli: int, model: str, shapes: list[tuple[Demand, int]]):
+        self.count, self.milli, self.model = count, milli, model
+        shapes = sorted(shapes, key=lambda ds: (ds[0].cpu_milli, ds[0].mem_mib))
+        self.cpus = [d.cpu_milli for d, _ in shapes]
+        self.mems = [d.mem_mib for d, _ in shapes]
+        self.weights = [w for _, w in shapes]
+        self.cum = list(accumulate(self.weights))
+
+
+class GpuFragmentation:
+    """F_n(M): the GPU milli a node is expected to strand for a request drawn from M.
+
+    Called with a node's free CPU, memory and per-device free milli and models. With
+    ``memory=False`` (as published) a shape runs where CPU and devices suffice; with
+    ``memory=True`` it must also fit in free memory, which is the fit rule nodes apply.
+    Results are memoised by argument: they are a pure function of them.
+    """
+
+    def __init__(self, workload: Workload, *, memory: bool = False) -> None:
+        self.workload = workload
+        self.memory = memory
+        groups: dict[tuple[int, int, str], list[tuple[Demand, int]]] = {}
+        self._total_weight = 0
+        for d, share in workload.mix:
+            weight = round(share * _WEIGHT_SCALE)
+            self._total_weight += weight
+            if d.gpu_count:
+                groups.setdefault((d.gpu_count, d.gpu_milli, d.gpu_model), []).append((d, weight))
+        # Larger per-device asks first: a node that can't serve 470 milli can't serve 810.
+        self._groups = [
+            _Group(c, m, model, shapes)
+            for (c, m, model), shapes in sorted(groups.items(), key=lambda kv: -kv[0][1])
+        ]
+        self._memo: dict[tuple[int, int, tuple[int, ...], tuple[str, ...]], int] = {}
+
+    def __call__(
+        self, cpu_free: int, mem_free: int, gpu_free: Sequence[int], models: Sequence[str]
+    ) -> float:
+        """F_n(M) in GPU milli."""
+        return self.weighted(cpu_free, mem_free, gpu_free, models) / self._total_weight
+
+    def weighted(
+        self, cpu_free: int, mem_free: int, gpu_free: Sequence[int], models: Sequence[str]
+    ) -> int:
+        """F_n(M) times the workload's total weight, exactly: differences of these are
+        equal exactly when the fragmentation changes are, so ties stay ties."""
+        key = (cpu_free, mem_free if self.memory else 0, tuple(gpu_free), tuple(models))
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        value = self._compute(cpu_free, mem_free, key[2], key[3])
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
+    @property
+    def total_weight(self) -> int:
+        return self._total_weight
+
+    def _compute(
+        self, cpu_free: int, mem_free: int, gpu_free: tuple[int, ...], models: tuple[str, ...]
+    ) -> int:
+        total = sum(gpu_free)
+        if total == 0:
+            return 0
+        usable = 0  # over shapes that run: weight x milli they can use
+        for g in self._groups:
+            if g.cpus[0] > cpu_free:
+                continue
+            count = milli = 0
+            for f, model in zip(gpu_free, models, strict=True):
+                if f >= g.milli and (not g.model or model == g.model):
+                    count += 1
+                    milli += f
+            if count < g.count:
+                continue
+            if self.memory:
+                weight = sum(
+                    w
+                    for c, m, w in zip(g.cpus, g.mems, g.weights, strict=True)
+                    if c <= cpu_free and m <= mem_free
+                )
+            else:
+                weight = g.cum[bisect_right(g.cpus, cpu_free) - 1]
+            usable += weight * milli
+        return total * self._total_weight - usable
+
+
+class UsableCapacity:
+    """How much GPU a node can still give the workload, counted in whole requests.
+
+    For each GPU shape of the workload, `roost.domain.fit.fit_count` says how many more
+    such requests the node's free CPU, memory and devices hold; times the shape's GPU
+    ask, that is the GPU milli the shape could still use there. The mean over shapes,
+    weighted by share, is the node's usable capacity U_n(M). Where FGD asks "can one
+    more request run here?", this asks "how many?": it sees a node whose CPU runs out
+    before its GPUs do, and the remainder a slice leaves on a device. Memoised, and
+    exact (integer weights), like `GpuFragmentation.weighted`.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._shapes = [
+            (d.as_type(), round(share * _WEIGHT_SCALE) * d.gpu_total_milli)
+            for d, share in workload.mix
+            if d.gpu_count
+        ]
+        self.total_weight = sum(round(share * _WEIGHT_SCALE) for _, share in workload.mix)
+        self._memo: dict[tuple[int, int, tuple[int, ...], tuple[str, ...]], int] = {}
+
+    def weighted(self, cap: FreeCapacity) -> int:
+        """U_n(M) times the workload's total weight."""
+        r = cap.resources
+        key = (r.cpu_milli, r.mem_mib, cap.gpu_free, cap.gpu_models)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        value = 0
+        if any(cap.gpu_free):
+            value = sum(w * fit_count(cap, t) for t, w in self._shapes)
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
