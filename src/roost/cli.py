@@ -17,10 +17,28 @@ def main() -> None:
     """
 
 
-def _register() -> None:
-    from roost.node.cli import node
+@click.group()
+def bench() -> None:
+    """Benchmarks that print figures (and write JSON, Markdown and plots)."""
 
-    main.add_command(node)
+
+def _register() -> None:
+    # Imported here so that `roost --help` names every command while each service's
+    # modules stay importable on their own.
+    from roost.bench.controller_tick import controller_tick
+    from roost.bench.launch import launch
+    from roost.bench.placement import placement_command as placement
+    from roost.bench.vm_trace import vm_trace_command as vm_trace
+    from roost.controller.cli import controller, db, pools
+    from roost.gateway.cli import gateway, status
+    from roost.node.cli import node
+    from roost.up.cli import up
+    from roost.worker.cli import worker
+
+    for cmd in (up, node, gateway, status, controller, pools, db, worker, bench):
+        main.add_command(cmd)
+    for cmd in (placement, vm_trace, launch, controller_tick):
+        bench.add_command(cmd)
 
 
 _register()

@@ -62,7 +62,8 @@ class NatsServer:
 
     def start(self, timeout: float = 20.0) -> NatsServer:
         self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C must not kill NATS before the nodes drain
         )
         wait_until(
             self._ready, proc=self.proc, what=f"nats-server {self.name}", timeout=timeout,
@@ -115,7 +116,8 @@ class NatsCluster:
         try:
             for s in self.servers:
                 s.proc = subprocess.Popen(
-                    s.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                    s.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C must not kill NATS before the nodes drain
                 )
                 started.append(s)
             for s in self.servers:

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from roost.embedded.proc import EmbeddedError, free_port, stop_process, wait_until
 
@@ -93,8 +94,16 @@ class PostgresServer:
         self.dir.chmod(0o755)
         self._user = _RUN_AS
 
+    def _identity(self) -> dict[str, Any]:
+        """Switch user *and* group: keeping group root would let the group bits of a
+        0700 parent (pytest's temp dirs) refuse the server its own directory."""
+        if self._user is None:
+            return {}
+        entry = pwd.getpwnam(self._user)
+        return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
     def _run(self, args: list[str]) -> None:
-        res = subprocess.run(args, capture_output=True, text=True, user=self._user, check=False)
+        res = subprocess.run(args, capture_output=True, text=True, check=False, **self._identity())
         if res.returncode != 0:
             raise EmbeddedError(f"{Path(args[0]).name} failed: {res.stderr.strip()}")
 
@@ -123,7 +132,7 @@ class PostgresServer:
         logf = self.log.open("ab")
         try:
             self.proc = subprocess.Popen(
-                cmd, stdout=logf, stderr=subprocess.STDOUT, user=self._user,
+                cmd, stdout=logf, stderr=subprocess.STDOUT, **self._identity(),
                 start_new_session=True,
             )
         finally:

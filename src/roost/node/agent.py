@@ -271,7 +271,7 @@ class NodeAgent:
             reservation_id=req.reservation_id, launch_time=now,
             availability_zone=self.config.availability_zone, tags=dict(req.tags),
             client_token=req.client_token, owner_id=req.owner_id,
-            ami_launch_index=req.ami_launch_index, gpus=[list(g) for g in alloc.gpus],  # type: ignore[misc]
+            ami_launch_index=req.ami_launch_index, gpus=list(alloc.gpus),
             updated_at=now,
         )
         self._records[instance_id] = rec
@@ -391,7 +391,7 @@ class NodeAgent:
         if alloc is None:
             return None
         rec = await self._move(instance_id, St.PENDING, note="User initiated",
-                               gpus=[list(g) for g in alloc.gpus], exit_code=None)
+                               gpus=list(alloc.gpus), exit_code=None)
         await self._changed()
         stored = self.state.get(instance_id)
         self._track(self._boot(instance_id, stored.user_data if stored else ""))
