@@ -1,0 +1,324 @@
+"""The ``native`` orchestrator: a pool's replicas are instances on roost's own nodes,
+launched and terminated through roost's EC2 API, so they go through the gateway's
+placement and get its capacity answers like any other launch.
+
+**The pool ref** is ``key=value`` pairs separated by ``;`` (spaces around them ignored)::
+
+    type=t3.small; target=myapp.tasks:handle; concurrency=4; app_dir=/srv/myapp; revision=r42
+
+- ``type`` (required): the EC2 instance type of one worker.
+- ``target`` (required): the worker's ``module:function``.
+- ``concurrency``, ``app_dir``, ``revision`` (optional): passed to ``roost worker``.
+
+Each replica is one instance of ``type`` whose user data (the shell image) runs::
+
+    exec <python> -m roost worker --pool <pool id> <target> [--concurrency N] [--app-dir D]
+
+with the controller's DSN in ``ROOST_WORKER_DSN``. The node sets ``ROOST_INSTANCE_ID``,
+which the worker reports as its orchestrator ref, so the drained worker names the
+instance to terminate. Instances carry the tag ``roost:pool=<pool id>``; their
+termination priority is the tag ``roost:termination-priority`` (absent means 0).
+
+**Replicas** are the pool's pending and running instances; running ones are ready.
+``scale_pool`` up launches the difference in one RunInstances (MinCount 1, so what fits
+starts and the next tick tops up) with a ClientToken derived from the pool, the request
+id and the target, so a retried decision never launches twice. Placement errors come
+back through the orchestrator tree: ``InsufficientInstanceCapacity`` is `ScaleRejected`
+(the gateway answered and refused), an unknown instance type is `UnknownPool`, an
+unreachable gateway or a 5xx is `OrchestratorUnavailable`. Scale-down terminates, in
+Kubernetes' order, pending instances first, then the lowest termination priority, then
+the newest: with the controller's drained worker at -1000, that worker's instance.
+
+**Node figures** come from the gateway's admin API (``GET /api/v1/nodes``): live,
+non-draining nodes big enough for one worker, with allocatable and used (allocatable
+minus free) CPU and memory.
+
+botocore is synchronous, so each EC2 call runs in a thread under a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.session import get_session
+
+from roost.controller.orchestrator import (
+    InstanceView,
+    NodeFigures,
+    OrchestratorError,
+    OrchestratorUnavailable,
+    PoolRef,
+    PoolState,
+    ScaleRejected,
+    ScaleResult,
+    UnknownInstance,
+    UnknownPool,
+    check_replicas,
+)
+from roost.domain.catalog import BUILTIN
+from roost.domain.images import DEFAULT_IMAGE_ID
+
+POOL_TAG = "roost:pool"
+PRIORITY_TAG = "roost:termination-priority"
+_LIVE_STATES = ("pending", "running")
+_REF_KEYS = frozenset({"type", "target", "concurrency", "app_dir", "revision"})
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NativeSettings:
+    """Where roost's EC2 API is and what the workers it launches connect to."""
+
+    endpoint: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+    dsn: str
+    python: str = sys.executable
+    image_id: str = DEFAULT_IMAGE_ID
+    timeout: float = 10.0
+    """Seconds for one EC2 or admin API call, connection included."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """A parsed pool ref."""
+
+    instance_type: str
+    target: str
+    concurrency: int | None = None
+    app_dir: str | None = None
+    revision: str | None = None
+
+
+def parse_ref(ref: str) -> PoolSpec:
+    """The pool ref's fields, or ValueError saying what is wrong."""
+    fields: dict[str, str] = {}
+    for part in ref.split(";"):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in _REF_KEYS or not value:
+            raise ValueError(f"pool ref part {part.strip()!r}: want one of "
+                             f"{', '.join(sorted(_REF_KEYS))} as key=value")
+        fields[key] = value
+    if "type" not in fields or "target" not in fields:
+        raise ValueError(f"pool ref {ref!r} needs type=... and target=module:function")
+    if ":" not in fields["target"]:
+        raise ValueError(f"pool ref target {fields['target']!r} is not module:function")
+    concurrency = fields.get("concurrency")
+    if concurrency is not None and (not concurrency.isdigit() or int(concurrency) < 1):
+        raise ValueError(f"pool ref concurrency {concurrency!r} must be a positive integer")
+    return PoolSpec(fields["type"], fields["target"],
+                    int(concurrency) if concurrency is not None else None,
+                    fields.get("app_dir"), fields.get("revision"))
+
+
+def user_data(pool_id: str, spec: PoolSpec, settings: NativeSettings) -> str:
+    """The shell script one replica's instance runs."""
+    env = {"ROOST_WORKER_DSN": settings.dsn}
+    if spec.revision:
+        env["ROOST_WORKER_REVISION"] = spec.revision
+    cmd = [settings.python, "-m", "roost", "worker", "--pool", pool_id, spec.target]
+    if spec.concurrency is not None:
+        cmd += ["--concurrency", str(spec.concurrency)]
+    if spec.app_dir is not None:
+        cmd += ["--app-dir", spec.app_dir]
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines.append("exec " + shlex.join(cmd))
+    return "\n".join(lines) + "\n"
+
+
+def client_token(pool_id: str, request_id: str, replicas: int) -> str:
+    """At most 64 characters, as EC2 wants, and the same for a retried decision."""
+    return hashlib.sha256(f"{pool_id}\0{request_id}\0{replicas}".encode()).hexdigest()[:64]
+
+
+@dataclass(frozen=True, slots=True)
+class _Instance:
+    instance_id: str
+    state: str
+    launch_time: str
+    priority: int
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "running"
+
+
+def _priority(tags: Mapping[str, str]) -> int:
+    try:
+        return int(tags.get(PRIORITY_TAG, "0"))
+    except ValueError:
+        return 0
+
+
+def removal_order(instances: list[_Instance]) -> list[_Instance]:
+    """Kubernetes' order: not ready first, then the lowest priority, then the newest."""
+    by_newest = sorted(instances, key=lambda i: (i.launch_time, i.instance_id), reverse=True)
+    return sorted(by_newest, key=lambda i: (i.ready, i.priority))
+
+
+class NativeOrchestrator:
+    name = "native"
+
+    def __init__(self, settings: NativeSettings, *, now: Callable[[], float]) -> None:
+        self.settings = settings
+        self._now = now
+        self._ec2: Any = get_session().create_client(
+            "ec2", endpoint_url=settings.endpoint, region_name=settings.region,
+            aws_access_key_id=settings.access_key_id,
+            aws_secret_access_key=settings.secret_access_key,
+            config=Config(connect_timeout=settings.timeout, read_timeout=settings.timeout,
+                          retries={"total_max_attempts": 1}),
+        )
+        self._http = httpx.AsyncClient(timeout=settings.timeout)
+        self._auth = SigV4Auth(Credentials(settings.access_key_id, settings.secret_access_key),
+                               "ec2", settings.region)
+
+    # ---- the protocol -----------------------------------------------------------------
+
+    async def pool_state(self, pool: PoolRef) -> PoolState:
+        spec = self._spec(pool)
+        instances = await self._instances(pool)
+        nodes = await self._nodes(spec)
+        return PoolState(
+            target_replicas=len(instances),
+            instances=tuple(InstanceView(i.instance_id, i.ready, i.priority)
+                            for i in instances),
+            nodes=nodes,
+            observed_at=self._now(),
+        )
+
+    async def scale_pool(self, pool: PoolRef, replicas: int, *, request_id: str) -> ScaleResult:
+        check_replicas(replicas)
+        spec = self._spec(pool)
+        instances = await self._instances(pool)
+        previous = len(instances)
+        if replicas > previous:
+            await self._launch(pool, spec, replicas - previous,
+                               client_token(pool.pool_id, request_id, replicas))
+        elif replicas < previous:
+            doomed = removal_order(instances)[: previous - replicas]
+            await self._ec2_call("TerminateInstances",
+                                 InstanceIds=[i.instance_id for i in doomed])
+        return ScaleResult(previous, replicas)
+
+    async def set_instance_termination_priority(
+        self, pool: PoolRef, instance_ref: str, *, priority: int
+    ) -> None:
+        self._spec(pool)
+        if instance_ref not in {i.instance_id for i in await self._instances(pool)}:
+            raise UnknownInstance(f"pool {pool.pool_id!r} has no instance {instance_ref!r}")
+        await self._ec2_call("CreateTags", Resources=[instance_ref],
+                             Tags=[{"Key": PRIORITY_TAG, "Value": str(priority)}])
+
+    async def close(self) -> None:
+        await self._http.aclose()
+        self._ec2.close()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _spec(self, pool: PoolRef) -> PoolSpec:
+        try:
+            return parse_ref(pool.ref)
+        except ValueError as exc:
+            raise UnknownPool(str(exc)) from None
+
+    async def _launch(self, pool: PoolRef, spec: PoolSpec, count: int, token: str) -> None:
+        tags = [{"Key": POOL_TAG, "Value": pool.pool_id}]
+        await self._ec2_call(
+            "RunInstances", ImageId=self.settings.image_id, InstanceType=spec.instance_type,
+            MinCount=1, MaxCount=count, ClientToken=token,
+            UserData=user_data(pool.pool_id, spec, self.settings),
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        )
+
+    async def _instances(self, pool: PoolRef) -> list[_Instance]:
+        out: list[_Instance] = []
+        kwargs: dict[str, Any] = {"Filters": [
+            {"Name": f"tag:{POOL_TAG}", "Values": [pool.pool_id]},
+            {"Name": "instance-state-name", "Values": list(_LIVE_STATES)},
+        ]}
+        while True:
+            page = await self._ec2_call("DescribeInstances", **kwargs)
+            for reservation in page.get("Reservations", []):
+                for inst in reservation.get("Instances", []):
+                    tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                    out.append(_Instance(inst["InstanceId"], inst["State"]["Name"],
+                                         str(inst.get("LaunchTime", "")), _priority(tags)))
+            token = page.get("NextToken")
+            if not token:
+                return out
+            kwargs["NextToken"] = token
+
+    async def _nodes(self, spec: PoolSpec) -> tuple[NodeFigures, ...]:
+        url = self.settings.endpoint.rstrip("/") + "/api/v1/nodes"
+        req = AWSRequest(method="GET", url=url, data=b"")
+        self._auth.add_auth(req)
+        try:
+            resp = await self._http.get(url, headers=dict(req.headers.items()))
+        except httpx.HTTPError as exc:
+            raise OrchestratorUnavailable(f"gateway admin API: {exc!r}") from None
+        if resp.status_code != 200:
+            error = OrchestratorUnavailable if resp.status_code >= 500 else OrchestratorError
+            raise error(f"gateway admin API: HTTP {resp.status_code}: {resp.text[:200]}")
+        itype = BUILTIN.get(spec.instance_type)
+        out = []
+        for n in resp.json()["nodes"]:
+            if not n["live"] or n["draining"]:
+                continue
+            alloc, free = n["allocatable"], n["free"]
+            if itype is not None and (alloc["cpu_milli"] < itype.cpu_milli
+                                      or alloc["mem_mib"] < itype.mem_mib):
+                continue  # one worker would never fit there
+            out.append(NodeFigures(
+                n["node_id"], alloc["cpu_milli"], alloc["mem_mib"],
+                max(0, alloc["cpu_milli"] - free["cpu_milli"]),
+                max(0, alloc["mem_mib"] - free["mem_mib"]),
+            ))
+        return tuple(out)
+
+    async def _ec2_call(self, action: str, **params: Any) -> Any:
+        method = getattr(self._ec2, _snake(action))
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(method, **params),
+                                          self.settings.timeout + 1.0)
+        except TimeoutError:
+            raise OrchestratorUnavailable(f"{action} timed out") from None
+        except ClientError as exc:
+            raise _mapped(action, exc) from None
+        except BotoCoreError as exc:  # connection refused, reset, read timeout
+            raise OrchestratorUnavailable(f"{action}: {exc}") from None
+
+
+def _snake(action: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in action).lstrip("_")
+
+
+def _mapped(action: str, exc: ClientError) -> OrchestratorError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+    text = f"{action}: {code}: {error.get('Message', '')}"
+    if code == "InsufficientInstanceCapacity":
+        return ScaleRejected(text)  # the cluster answered: full; the plan retries later
+    if code == "InvalidParameterValue" and action == "RunInstances":
+        return UnknownPool(text)  # an instance type the gateway does not know
+    if status >= 500 or code in ("RequestLimitExceeded", "Throttling", "ServiceUnavailable"):
+        return OrchestratorUnavailable(text)
+    return ScaleRejected(text) if action in ("RunInstances", "TerminateInstances") else (
+        OrchestratorError(text))
