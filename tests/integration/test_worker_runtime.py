@@ -145,9 +145,12 @@ async def test_drain_stops_claims_finishes_work_reports_empty_and_exits_when_rem
         later = (await tq.submit(db, "p", "later")).task_id
         await asyncio.sleep(0.3)  # several poll intervals: nothing new is claimed
         assert (await tq.get_task(db, later)).status is TaskStatus.QUEUED
-        row = await worker_row(db, "w1")
-        assert (row["running_tasks"], row["active_leases"]) == (1, 1)
-        assert row["heartbeat_at"] >= row["draining_since"]
+        async def holding() -> bool:
+            # The next heartbeat after the mark reports the task still in hand.
+            r = await worker_row(db, "w1")
+            return (r["running_tasks"], r["active_leases"]) == (1, 1) and (
+                r["heartbeat_at"] >= r["draining_since"])
+        await eventually(holding, what="1/1 reported while draining", timeout=5)
 
         release.set()  # in-flight work finishes, and 0/0 is reported at once
         async def empty() -> bool:
