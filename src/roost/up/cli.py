@@ -1,4 +1,5 @@
-"""``roost up``: NATS, the gateway and N nodes on this machine, with one command."""
+"""``roost up``: NATS, Postgres, the gateway, N nodes and the capacity controller on this
+machine, with one command."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from roost.domain.resources import parse_quantity
 from roost.embedded.proc import free_port, port_open
 from roost.up.cluster import (
     ClusterSpec,
+    ControllerComponent,
     LocalCluster,
     NatsComponent,
     build_components,
@@ -26,6 +28,8 @@ from roost.up.cluster import (
 
 DEFAULT_PORT = 8773
 DEFAULT_NATS_PORT = 4222
+DEFAULT_CONTROLLER_PORT = 9180
+DEFAULT_POSTGRES_PORT = 5432
 
 
 def load_or_make_credentials(data_dir: Path) -> tuple[str, str]:
@@ -49,7 +53,8 @@ def _port(wanted: int | None, default: int) -> int:
     return default if not port_open(default) else free_port()
 
 
-def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str) -> str:
+def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str,
+           controller_url: str = "", dsn: str = "") -> str:
     creds = (f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
              if spec.auth else "AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x ")
     lines = [
@@ -60,6 +65,9 @@ def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret:
         f"  NATS           {nats_url}",
         f"  region         {spec.region}",
     ]
+    if controller_url:
+        lines += [f"  controller     {controller_url}   (curl {controller_url}/status)",
+                  f"  Postgres       {dsn}"]
     if spec.auth:
         lines += [f"  access key     {key}", f"  secret key     {secret}"]
     else:
@@ -114,15 +122,26 @@ async def run_until_signalled(cluster: LocalCluster, on_ready: Callable[[], str]
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".roost"), show_default=True,
               help="NATS store, node state and the generated credentials.")
+@click.option("--no-controller", is_flag=True,
+              help="Run neither Postgres nor the capacity controller.")
+@click.option("--controller-port", type=click.IntRange(0, 65535), default=None,
+              help=f"Controller HTTP port [default: {DEFAULT_CONTROLLER_PORT}, or a free one "
+                   "if taken].")
+@click.option("--postgres-port", type=click.IntRange(0, 65535), default=None,
+              help=f"Postgres port [default: {DEFAULT_POSTGRES_PORT}, or a free one if taken].")
 @click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port: int | None,
-       host: str, region: str, policy: str, data_dir: Path, no_auth: bool,
+       host: str, region: str, policy: str, data_dir: Path, no_controller: bool,
+       controller_port: int | None, postgres_port: int | None, no_auth: bool,
        log_level: str) -> None:
-    """Run NATS, the EC2 gateway and local nodes in one process, until Ctrl-C.
+    """Run NATS, Postgres, the EC2 gateway, local nodes and the capacity controller in one
+    process, until Ctrl-C.
 
-    Prints the endpoint, the credentials and a ready-to-paste `aws ec2 run-instances`.
+    Prints the endpoint, the credentials, a ready-to-paste `aws ec2 run-instances` and the
+    controller's URL. The controller serves the ``native`` orchestrator (pools as
+    instances on these nodes) and ``fake``.
     """
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -136,7 +155,10 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
         data_dir=data_dir, nodes=nodes, driver=driver, node_capacity=node_capacity,
         nats_port=_port(nats_port, DEFAULT_NATS_PORT), host=host,
         port=_port(port, DEFAULT_PORT), region=region, policy=policy, auth=not no_auth,
-        credentials={key: secret},
+        credentials={key: secret}, controller=not no_controller,
+        postgres_port=None if no_controller else _port(postgres_port, DEFAULT_POSTGRES_PORT),
+        controller_port=0 if no_controller else (
+            _port(controller_port, DEFAULT_CONTROLLER_PORT) or free_port()),
     )
     cluster = LocalCluster(build_components(spec))
 
@@ -150,7 +172,13 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
         os.chmod(env_file, 0o600)
         nats = cluster.get(NatsComponent)
         assert isinstance(nats, NatsComponent)
-        text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret)
+        controller_url = dsn = ""
+        if spec.controller:
+            ctl = cluster.get(ControllerComponent)
+            assert isinstance(ctl, ControllerComponent)
+            controller_url, dsn = ctl.url, ctl.postgres.dsn
+        text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
+                      controller_url=controller_url, dsn=dsn)
         return f"{text}\n(or: source {env_file})"
 
     try:

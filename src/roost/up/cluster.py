@@ -1,8 +1,9 @@
 """A local roost cluster as a list of components, started in order, stopped in reverse.
 
 `roost up`, `roost bench launch` and the end-to-end tests all build one. A component
-is anything with ``start``/``stop``; adding one (Postgres, the controller) is one more
-entry in `build_components`.
+is anything with ``start``/``stop``; adding one is one more entry in `build_components`.
+`roost up` runs NATS, Postgres, the gateway, the nodes and the capacity controller (with
+the ``native`` orchestrator, whose pools are instances on these nodes, and ``fake``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from roost.controller.adapters import FakeOrchestrator, NativeOrchestrator, NativeSettings
+from roost.controller.clock import SystemClock
+from roost.controller.config import ControllerConfig
+from roost.controller.orchestrator import Orchestrator
+from roost.controller.service import serve
 from roost.decide.placement import DEFAULT_POLICY
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
-from roost.embedded import NatsServer
+from roost.embedded import NatsServer, PostgresServer
 from roost.embedded.proc import port_open, wait_until
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.node.agent import NodeAgent, NodeConfig
@@ -96,6 +102,74 @@ class GatewayComponent:
         await self.gateway.stop()
 
 
+class PostgresComponent:
+    """Postgres from its wheel, its data kept in ``data_dir`` across restarts."""
+
+    name = "postgres"
+
+    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
+        self.server = PostgresServer(base_dir=data_dir, port=port)
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.server.start)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.server.stop)
+
+
+class ControllerComponent:
+    """The capacity controller in this process, on the cluster's Postgres, with the
+    ``native`` orchestrator pointed at the cluster's gateway and a ``fake`` one."""
+
+    name = "controller"
+
+    def __init__(self, config: ControllerConfig, *, postgres: PostgresComponent,
+                 gateway: GatewayComponent, region: str,
+                 credentials: Mapping[str, str]) -> None:
+        self.config = config
+        self.postgres = postgres
+        self.gateway = gateway
+        self.region = region
+        self.credentials = credentials
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.http_host}:{self.config.http_port}"
+
+    def orchestrators(self, clock: SystemClock) -> dict[str, Orchestrator]:
+        key, secret = next(iter(self.credentials.items()), ("roost", "roost"))
+        native = NativeOrchestrator(NativeSettings(
+            endpoint=self.gateway.gateway.endpoint, region=self.region, access_key_id=key,
+            secret_access_key=secret, dsn=self.postgres.dsn,
+        ), now=clock.time)
+        return {"native": native, "fake": FakeOrchestrator(now=clock.time)}
+
+    async def start(self) -> None:
+        clock = SystemClock()
+        self._stop = asyncio.Event()
+        started = asyncio.Event()
+        self._task = asyncio.create_task(serve(
+            self.config, orchestrators=self.orchestrators(clock), clock=clock, stop=self._stop,
+            started=started), name="controller")
+        waiter = asyncio.create_task(started.wait())
+        await asyncio.wait({self._task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self._task.done():
+            self._task.result()  # raises why it failed
+            raise RuntimeError("the controller stopped while starting")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 30)
+
+
 class LocalCluster:
     def __init__(self, components: Sequence[Component]) -> None:
         self.components = list(components)
@@ -157,6 +231,11 @@ class ClusterSpec:
     policy: str = DEFAULT_POLICY
     auth: bool = True
     credentials: Mapping[str, str] = field(default_factory=dict)
+    controller: bool = True
+    """Also run Postgres and the capacity controller."""
+    postgres_port: int | None = None
+    controller_host: str = "127.0.0.1"
+    controller_port: int = 9180
 
     def node_host(self) -> HostCapacity:
         return HostCapacity(total=parse_quantity(self.node_capacity),
@@ -186,7 +265,18 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         credentials=spec.credentials, auth=spec.auth, policy=spec.policy,
     ))
     # The gateway before the nodes, so it hears their first capacity snapshots.
-    return [nats, gateway, nodes]
+    components: list[Component] = [nats, gateway, nodes]
+    if spec.controller:
+        postgres = PostgresComponent(spec.data_dir / "postgres", port=spec.postgres_port)
+        controller = ControllerComponent(
+            ControllerConfig(dsn=postgres.dsn, http_host=spec.controller_host,
+                             http_port=spec.controller_port).validate(),
+            postgres=postgres, gateway=gateway, region=spec.region,
+            credentials=spec.credentials,
+        )
+        # Postgres first of all, so it is the last to stop; the controller last.
+        components = [postgres, *components, controller]
+    return components
 
 
 def spec_resources(spec: ClusterSpec) -> Resources:
