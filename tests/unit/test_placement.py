@@ -246,3 +246,14 @@ def test_every_policy_offers_exactly_the_nodes_that_fit(
     for p in found:
         assert fits(p.node.free, itype)
         assert p.gpus in gpu_choices(p.node.free, itype)
+
+
+def test_roost_without_gpus_keeps_room_for_the_expected_requests() -> None:
+    """Mostly 4-vCPU requests expected: a 1-vCPU one should not break the last 4-vCPU
+    hole, even though best fit would put it there."""
+    big, small = InstanceType("m.big", 4000, 1024), InstanceType("m.small", 1000, 1024)
+    workload = Workload.from_requests([big] * 9 + [small])
+    a = node("a-tight", cpu=4000, mem=60_000, total_cpu=8000, total_mem=60_000)
+    b = node("b-roomy", cpu=5000, mem=60_000, total_cpu=8000, total_mem=60_000)
+    assert rank([a, b], small, policy="pack")[0] is a
+    assert rank([a, b], small, policy="roost", workload=workload)[0] is b

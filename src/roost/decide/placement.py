@@ -19,10 +19,18 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
-from roost.decide.workload import Demand, GpuFragmentation, UsableCapacity, Workload
+from roost.decide.workload import (
+    Demand,
+    GpuFragmentation,
+    UsableCapacity,
+    UsableResources,
+    Workload,
+)
 from roost.domain.catalog import InstanceType
 from roost.domain.fit import FreeCapacity, GpuAssignment, assign_gpus, fits, gpu_choices, take
 from roost.domain.resources import GPU_MILLI, Resources
+
+_RoostMeasures = tuple[GpuFragmentation, UsableCapacity, UsableResources]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +227,9 @@ class RoostPolicy:
     """roost's own: FGD's fragmentation drop, corrected by how many more requests the
     node can still take.
 
-    ``score = 0.9 x (F_before - F_after) - 0.1 x (U_before - U_after)``
+    On a node with GPUs::
+
+        score = 0.9 x (F_before - F_after) - 0.1 x (U_before - U_after)
 
     F is FGD's fragmentation against the typical shapes (see `FgdPolicy`), kept exact.
     U is `UsableCapacity` against every shape seen: the GPU milli that whole requests
@@ -229,7 +239,15 @@ class RoostPolicy:
     many nodes where a whole-GPU request changes F equally; U sees both. On the openb
     trace this lifts GPU allocation at 100% arrived from FGD's ~94% to ~95.5%, and the
     gain holds on pod lists it was not tuned on (docs/benchmarks.md).
-    Ties break by node id; the device for a slice is the best-scoring one.
+
+    On a node without GPUs there is no GPU to fragment, so the same idea runs on CPU
+    and memory: ``score = -(R_before - R_after) + dotprod``, R being
+    `UsableResources` (requests of each shape the node still holds, each worth its
+    share of the node) and `dotprod_score` preferring the node whose free capacity is
+    least aligned with the request.
+
+    Ties break by node id; the device for a slice is the best-scoring one. Without a
+    workload, M is the request itself; the gateway should pass recent launches.
     """
 
     randomized = False
@@ -238,13 +256,14 @@ class RoostPolicy:
     def __init__(self, workload: Workload | None = None, *, name: str = "roost") -> None:
         self.name = name
         self._measures = None if workload is None else self._build(workload)
-        self._by_request: dict[Demand, tuple[GpuFragmentation, UsableCapacity]] = {}
+        self._by_request: dict[Demand, _RoostMeasures] = {}
 
     @staticmethod
-    def _build(workload: Workload) -> tuple[GpuFragmentation, UsableCapacity]:
-        return GpuFragmentation(workload.typical(0.95)), UsableCapacity(workload)
+    def _build(workload: Workload) -> _RoostMeasures:
+        return (GpuFragmentation(workload.typical(0.95)), UsableCapacity(workload),
+                UsableResources(workload))
 
-    def _measures_for(self, itype: InstanceType) -> tuple[GpuFragmentation, UsableCapacity]:
+    def _measures_for(self, itype: InstanceType) -> _RoostMeasures:
         if self._measures is not None:
             return self._measures
         demand = Demand.of(itype)
@@ -262,7 +281,9 @@ class RoostPolicy:
         options = gpu_choices(free, itype)
         if not options:
             return None
-        frag, usable = self._measures_for(itype)
+        frag, usable, resources = self._measures_for(itype)
+        if not free.gpu_free:
+            return self._choose_cpu(node, itype, resources, options[0])
         f0, u0 = _weighted_frag(frag, free), usable.weighted(free)
         wf, wu = frag.total_weight, usable.total_weight
         best = 0
@@ -275,6 +296,17 @@ class RoostPolicy:
             if k == 0 or score > best:
                 best, best_gpus = score, gpus
         return Choice(best / (10 * wf * wu), best_gpus)
+
+    @staticmethod
+    def _choose_cpu(
+        node: NodeView, itype: InstanceType, resources: UsableResources, gpus: GpuAssignment
+    ) -> Choice:
+        a = node.allocatable
+        ac, am = max(1, a.cpu_milli), max(1, a.mem_mib)
+        after = take(node.free, itype, gpus)
+        lost = resources.weighted(node.free, ac, am) - resources.weighted(after, ac, am)
+        return Choice(-lost / (resources.total_weight * ac * am) + dotprod_score(node, itype),
+                      gpus)
 
 
 SCORED: dict[str, Scorer] = {"pack": pack_score, "spread": spread_score, "dotprod": dotprod_score}

@@ -242,3 +242,38 @@ class UsableCapacity:
             self._memo.clear()
         self._memo[key] = value
         return value
+
+
+class UsableResources:
+    """`UsableCapacity` for hosts without GPUs: what the node can still give the
+    workload in CPU and memory, counted in whole requests.
+
+    Each shape's `fit_count` on the node, times what one such request is worth there
+    (its share of the node's allocatable CPU plus its share of memory), weighted by the
+    shape's share of arrivals. Exact: the value is kept as an integer over the common
+    denominator ``alloc_cpu x alloc_mem``.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self._shapes = [
+            (d.as_type(), round(share * _WEIGHT_SCALE)) for d, share in workload.mix
+        ]
+        self.total_weight = sum(w for _, w in self._shapes)
+        self._memo: dict[tuple[int, int, int, int], int] = {}
+
+    def weighted(self, cap: FreeCapacity, alloc_cpu: int, alloc_mem: int) -> int:
+        """U_n(M) x total weight x alloc_cpu x alloc_mem."""
+        r = cap.resources
+        key = (r.cpu_milli, r.mem_mib, alloc_cpu, alloc_mem)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        value = sum(
+            w * fit_count(cap, t) * (t.cpu_milli * alloc_mem + t.mem_mib * alloc_cpu)
+            for t, w in self._shapes
+        )
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
