@@ -1,0 +1,68 @@
+"""Smoke runs of ``roost bench autoscale``.
+
+The ``--quick`` run reads the WorldCup98 curve from ../shared/data beside the project,
+which CI has; it fails loudly when it is missing. The synthetic run needs no data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from roost.bench.autoscale import (
+    POLICIES,
+    WORLDCUP98,
+    WORLDCUP_FILE,
+    SimConfig,
+    autoscale,
+    run,
+)
+from roost.bench.traces import default_data_dir
+
+METRICS = ("queue_wait_p50", "queue_wait_p99", "slo_minutes_share", "replica_seconds",
+           "scale_actions", "direction_reversals", "tasks_killed")
+
+
+def test_quick_autoscale_on_worldcup98(tmp_path: Path) -> None:
+    data = default_data_dir()
+    if not (data / WORLDCUP98 / WORLDCUP_FILE).is_file():
+        pytest.fail(f"WorldCup98 curve not found under {data}: CI keeps ../shared/data "
+                    "beside the clone (docs/benchmarks.md says where it comes from)")
+    out = tmp_path / "autoscale.json"
+    result = CliRunner().invoke(autoscale, ["--quick", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    by = {r["policy"]: r for r in doc["results"]}
+    assert list(by) == list(POLICIES)
+    for r in by.values():
+        for name in METRICS:
+            assert name in r, (r["policy"], name)
+        assert r["tasks"] > 0
+        assert r["tasks_served"] == r["tasks"]
+        assert 0 <= r["slo_minutes_share"] <= 1
+        assert r["replica_seconds"] > 0
+    assert by["roost"]["tasks_killed"] == 0
+    assert doc["roost_over_hpa_replica_seconds"] is not None
+    assert out.with_suffix(".md").is_file() and out.with_suffix(".png").is_file()
+
+
+def test_synthetic_step_demand_needs_no_data() -> None:
+    """A low-high-low step: every policy serves every task, roost grows for the step,
+    shrinks after it through drained workers only, and kills nothing."""
+    rates = [1.0] * 3 + [8.0] * 4 + [0.5] * 10
+    cfg = SimConfig(slots=2, target_per_replica=2, startup=20.0, seed=7)
+    results = run(rates, POLICIES, cfg, service_mean=1.0, service_sigma=0.5, slo_seconds=5.0)
+    by = {r["policy"]: r for r in results}
+    for r in results:
+        assert r["tasks_served"] == r["tasks"] > 0
+        for name in METRICS:
+            assert name in r
+    roost = by["roost"]
+    assert roost["tasks_killed"] == 0
+    reps = roost["replicas_per_minute"]
+    assert max(reps[3:8]) > reps[0]  # scaled up for the step
+    assert reps[-1] < max(reps)  # and back down after it
+    assert roost["scale_actions"] >= 2
