@@ -20,7 +20,13 @@ from roost.decide.placement import (
     placements,
     rank,
 )
-from roost.decide.workload import Demand, GpuFragmentation, UsableCapacity, Workload
+from roost.decide.workload import (
+    Demand,
+    GpuFragmentation,
+    UsableCapacity,
+    Workload,
+    WorkloadWindow,
+)
 from roost.domain.catalog import InstanceType
 from roost.domain.fit import FreeCapacity, fits, gpu_choices
 from roost.domain.resources import Resources
@@ -257,3 +263,18 @@ def test_roost_without_gpus_keeps_room_for_the_expected_requests() -> None:
     b = node("b-roomy", cpu=5000, mem=60_000, total_cpu=8000, total_mem=60_000)
     assert rank([a, b], small, policy="pack")[0] is a
     assert rank([a, b], small, policy="roost", workload=workload)[0] is b
+
+
+def test_workload_window_rebuilds_every_refresh_over_the_last_requests() -> None:
+    window = WorkloadWindow(size=4, refresh=2)
+    window.observe(SMALL)
+    assert window.current() is None
+    window.observe(WHOLE)
+    first = window.current()
+    assert first is not None and len(first.mix) == 2
+    for _ in range(4):
+        window.observe(HALF)
+    latest = window.current()
+    assert latest is not None and [d for d, _ in latest.mix] == [Demand.of(HALF)]
+    with pytest.raises(ValueError):
+        WorkloadWindow(size=0)

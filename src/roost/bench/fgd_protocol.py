@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from roost.bench.replay import ReplayCluster
 from roost.decide.placement import NodeView, Policy
-from roost.decide.workload import Workload
+from roost.decide.workload import Workload, WorkloadWindow
 from roost.domain.catalog import InstanceType
 
 CURVE_POINTS = 131  # arrived 0..130 %
@@ -107,8 +107,9 @@ def run(
     """One seed of the protocol under the policy ``make`` builds.
 
     The workload a policy measures against is the whole pod list, as the artifact
-    computes its typical pods; with ``online`` it is instead what a gateway can know:
-    the last `ONLINE_WINDOW` arrivals, refreshed every `ONLINE_EVERY` (none at first).
+    computes its typical pods; with ``online`` it is instead what a gateway can know, a
+    `WorkloadWindow` over the last `ONLINE_WINDOW` arrivals, refreshed every
+    `ONLINE_EVERY` (none before the first refresh).
     """
     capacity = sum(n.gpu_total_milli for n in nodes)
     if capacity <= 0:
@@ -116,15 +117,18 @@ def run(
     seq = arrivals(
         pods, cluster_gpu_milli=capacity, inflation=inflation, seed=seed, shuffled=shuffled
     )
+    window = WorkloadWindow(ONLINE_WINDOW, ONLINE_EVERY) if online else None
     policy = make(None if online else Workload.from_requests(pods))
     cluster = ReplayCluster(nodes, policy, rng=random.Random(seed))
     arrived = allocated = placed = 0
     points: list[tuple[float, float]] = []
     step = max(1, len(seq) // 100)
     for n, itype in enumerate(seq, 1):
-        if online and n > 1 and (n - 1) % ONLINE_EVERY == 0:
-            recent = seq[max(0, n - 1 - ONLINE_WINDOW) : n - 1]
-            cluster.set_policy(make(Workload.from_requests(recent)))
+        if window is not None:
+            known = window.current()
+            if known is not None and known is not cluster.policy_workload:
+                cluster.set_policy(make(known), workload=known)
+            window.observe(itype)
         arrived += itype.gpu_total_milli
         if cluster.place(itype) is not None:
             allocated += itype.gpu_total_milli

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from roost.decide.placement import Choice, NodeView, Policy
+from roost.decide.workload import Workload
 from roost.domain.catalog import InstanceType
 from roost.domain.fit import GpuAssignment, give, take
 
@@ -59,6 +60,7 @@ class ReplayCluster:
     ) -> None:
         self.nodes = sorted(nodes, key=lambda v: v.node_id)
         self.policy = policy
+        self.policy_workload: Workload | None = None
         self.rng = rng or random.Random(0)
         self._version: npt.NDArray[np.int64] = np.zeros(len(self.nodes), dtype=np.int64)
         self._keys = [capacity_key(v) for v in self.nodes]
@@ -86,9 +88,10 @@ class ReplayCluster:
             shape.stamp[dirty] = self._version[dirty]
         return shape
 
-    def set_policy(self, policy: Policy) -> None:
-        """Switch policy (e.g. one built on a fresher workload); forgets every score."""
+    def set_policy(self, policy: Policy, *, workload: Workload | None = None) -> None:
+        """Switch policy (e.g. one built on a fresher ``workload``); forgets every score."""
         self.policy = policy
+        self.policy_workload = workload
         self._shapes.clear()
 
     def best(self, itype: InstanceType) -> Placed | None:

@@ -12,7 +12,7 @@ expected fragmentation F_n(M). FGD places each request where F_n(M) grows least.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -277,3 +277,30 @@ class UsableResources:
             self._memo.clear()
         self._memo[key] = value
         return value
+
+
+class WorkloadWindow:
+    """The workload a gateway can know: the last ``size`` requests it placed.
+
+    `observe` each request; `current` is a `Workload` over the window, rebuilt only
+    every ``refresh`` requests so that policies built on it (and their memoised
+    measures) live long enough to pay off. None until the first rebuild.
+    """
+
+    def __init__(self, size: int = 5000, refresh: int = 500) -> None:
+        if size <= 0 or refresh <= 0:
+            raise ValueError("window size and refresh must be positive")
+        self.size, self.refresh = size, refresh
+        self._recent: deque[Demand] = deque(maxlen=size)
+        self._since = 0
+        self._current: Workload | None = None
+
+    def observe(self, request: InstanceType | Demand) -> None:
+        self._recent.append(request if isinstance(request, Demand) else Demand.of(request))
+        self._since += 1
+        if self._since >= self.refresh:
+            self._since = 0
+            self._current = Workload.from_requests(self._recent)
+
+    def current(self) -> Workload | None:
+        return self._current
