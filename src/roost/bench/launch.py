@@ -1,13 +1,24 @@
 """``roost bench launch``: RunInstances and TerminateInstances through the real gateway,
-NATS and nodes, at several concurrencies.
+NATS and nodes, at several concurrencies, beside moto's server and a raw NATS floor.
 
 By default it starts `roost up` in a child process (embedded NATS, the gateway and three
-`sim` nodes, SigV4 on), so the client and the cluster do not share an interpreter; the
-gateway and the nodes share that child's event loop, as they do under `roost up`. Each
-client worker loops RunInstances (one t3.nano) then TerminateInstances, signing every
-request with botocore's SigV4 signer, each over its own keep-alive connection. ``--endpoint``
-measures a gateway that is already running instead (keys from AWS_ACCESS_KEY_ID and
-AWS_SECRET_ACCESS_KEY).
+`sim` nodes, SigV4 on, no controller), so the client and the cluster do not share an
+interpreter; the gateway and the nodes share that child's event loop, as they do under
+`roost up`. Each client worker loops RunInstances (one t3.nano) then TerminateInstances,
+signing every request with botocore's SigV4 signer, each over its own keep-alive
+connection.
+
+In the same run, level by level so that each ratio is measured side by side:
+
+- moto's server (``moto[server]``, a child process on a free loopback port), driven by the
+  same client code: the Python peer;
+- raw nats-py request-reply against a trivial responder (another child process) on the
+  same embedded NATS, two round trips per pair: the floor;
+- InsufficientInstanceCapacity: RunInstances of a type no node fits (``--ice-type``),
+  timed at the client and, from the gateway's ``/metrics`` histogram, at the server.
+
+``--endpoint`` measures a gateway that is already running instead (keys from
+AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), without the peers.
 """
 
 from __future__ import annotations
@@ -16,15 +27,19 @@ import asyncio
 import json
 import math
 import os
+import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -37,6 +52,12 @@ from roost.domain.images import DEFAULT_IMAGE_ID
 RUN = ("Action=RunInstances&Version=2016-11-15&ImageId={image}&InstanceType={itype}"
        "&MinCount=1&MaxCount=1")
 TERMINATE = "Action=TerminateInstances&Version=2016-11-15&InstanceId.1={iid}"
+ICE_CODE = "InsufficientInstanceCapacity"
+MOTO_REGION = "us-east-1"
+FLOOR_SUBJECT = "roost.bench.floor"
+# Targets from the benchmarks issue.
+TARGET_MOTO_RATIO = 3.0
+TARGET_ICE_P99_MS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +72,22 @@ class Level:
     terminate_p50_ms: float
     terminate_p99_ms: float
     launches_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class IceLevel:
+    """RunInstances answered InsufficientInstanceCapacity, at one concurrency."""
+
+    concurrency: int
+    requests: int
+    ice: int
+    errors: int
+    client_p50_ms: float
+    client_p99_ms: float
+    # From the gateway's roost_gateway_request_seconds histogram: the upper bound of the
+    # bucket holding the percentile (None when the gateway's /metrics was not read).
+    server_p50_ms_le: float | None
+    server_p99_ms_le: float | None
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -77,7 +114,8 @@ class Signer:
 class Connection:
     """One keep-alive HTTP/1.1 connection. A worker owns one, so concurrency is the
     number of connections, and the client costs little next to what it measures (an
-    httpx pool of 64 spent more CPU than the cluster it was timing)."""
+    httpx pool of 64 spent more CPU than the cluster it was timing). A server that
+    closes after each response (moto's werkzeug answers HTTP/1.0) gets a new one."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -93,17 +131,27 @@ class Connection:
         self._writer.write(f"POST / HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{head}"
                            f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         status_line = await self._reader.readline()
-        length = 0
+        length: int | None = None
+        close = status_line.startswith(b"HTTP/1.0")
         while (line := await self._reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode("latin-1").partition(":")
-            if name.lower() == "content-length":
+            name = name.lower()
+            if name == "content-length":
                 length = int(value)
-        text = (await self._reader.readexactly(length)).decode()
-        return int(status_line.split()[1]), text
+            elif name == "connection":
+                close = value.strip().lower() == "close"
+        if length is None:
+            data, close = await self._reader.read(), True
+        else:
+            data = await self._reader.readexactly(length)
+        if close:
+            await self.close()
+        return int(status_line.split()[1]), data.decode()
 
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+            self._writer = None
 
 
 async def _call(conn: Connection, signer: Signer, body: str) -> tuple[float, str]:
@@ -114,6 +162,17 @@ async def _call(conn: Connection, signer: Signer, body: str) -> tuple[float, str
     if status != 200:
         raise RuntimeError(f"HTTP {status}: {text[:300]}")
     return elapsed, text
+
+
+def _level(concurrency: int, pairs: int, errors: int, runs: list[float], terms: list[float],
+           wall: float) -> Level:
+    ms = 1000.0
+    return Level(
+        concurrency, pairs, errors,
+        round(percentile(runs, 50) * ms, 2), round(percentile(runs, 99) * ms, 2),
+        round(percentile(terms, 50) * ms, 2), round(percentile(terms, 99) * ms, 2),
+        round(len(terms) / wall, 1) if wall else 0.0,
+    )
 
 
 async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str) -> Level:
@@ -134,7 +193,8 @@ async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str)
                     iid = text.split("<instanceId>", 1)[1].split("<", 1)[0]
                     took, _ = await _call(conn, signer, TERMINATE.format(iid=iid))
                     terms.append(took)
-                except (RuntimeError, IndexError, OSError, asyncio.IncompleteReadError):
+                except (RuntimeError, IndexError, ValueError, OSError,
+                        asyncio.IncompleteReadError):
                     errors += 1
                     await conn.close()
         finally:
@@ -142,37 +202,255 @@ async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
+    return _level(concurrency, pairs, errors, runs, terms, time.perf_counter() - started)
+
+
+async def ice_level(signer: Signer, *, concurrency: int, requests: int, itype: str,
+                    metrics_url: str | None) -> IceLevel:
+    """RunInstances of ``itype``, which no node fits: every answer should be ICE."""
+    lat: list[float] = []
+    errors = 0
+    todo = iter(range(requests))
+    before = scrape_run_histogram(metrics_url) if metrics_url else None
+
+    async def worker() -> None:
+        nonlocal errors
+        conn = Connection(signer.url)
+        body = RUN.format(image=DEFAULT_IMAGE_ID, itype=itype).encode()
+        try:
+            for _ in todo:
+                try:
+                    started = time.perf_counter()
+                    status, text = await conn.post(body, signer.headers(body))
+                    took = time.perf_counter() - started
+                except (ValueError, OSError, asyncio.IncompleteReadError):
+                    errors += 1
+                    await conn.close()
+                    continue
+                if status != 200 and f"<Code>{ICE_CODE}</Code>" in text:
+                    lat.append(took)
+                else:
+                    errors += 1
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    p50 = p99 = None
+    if metrics_url and before is not None:
+        after = scrape_run_histogram(metrics_url)
+        delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in after}
+        p50, p99 = bucket_percentile(delta, 50), bucket_percentile(delta, 99)
     ms = 1000.0
-    return Level(
-        concurrency, pairs, errors,
-        round(percentile(runs, 50) * ms, 2), round(percentile(runs, 99) * ms, 2),
-        round(percentile(terms, 50) * ms, 2), round(percentile(terms, 99) * ms, 2),
-        round(len(runs) / wall, 1) if wall else 0.0,
-    )
+    return IceLevel(concurrency, requests, len(lat), errors,
+                    round(percentile(lat, 50) * ms, 2), round(percentile(lat, 99) * ms, 2),
+                    None if p50 is None else round(p50 * ms, 2),
+                    None if p99 is None else round(p99 * ms, 2))
+
+
+def scrape_run_histogram(metrics_url: str) -> dict[float, float]:
+    """Cumulative bucket counts of the gateway's RunInstances latency histogram."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "roost_gateway_request_seconds":
+            continue
+        for sample in family.samples:
+            if (sample.name.endswith("_bucket")
+                    and sample.labels.get("action") == "RunInstances"):
+                out[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def bucket_percentile(cumulative: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding the ``q`` percentile; None when empty."""
+    if not cumulative:
+        return None
+    total = cumulative.get(math.inf, max(cumulative.values()))
+    if total <= 0:
+        return None
+    for le in sorted(cumulative):
+        if cumulative[le] >= q / 100 * total:
+            return le
+    return math.inf
+
+
+async def floor_level(nats_url: str, *, concurrency: int, pairs: int) -> Level:
+    """Two nats-py request-replies per pair against the trivial responder."""
+    import nats
+
+    nc = await nats.connect(nats_url)
+    firsts: list[float] = []
+    seconds: list[float] = []
+    errors = 0
+    todo = iter(range(pairs))
+
+    async def worker() -> None:
+        nonlocal errors
+        for _ in todo:
+            try:
+                started = time.perf_counter()
+                await nc.request(FLOOR_SUBJECT, b"run", timeout=5)
+                mid = time.perf_counter()
+                await nc.request(FLOOR_SUBJECT, b"terminate", timeout=5)
+                firsts.append(mid - started)
+                seconds.append(time.perf_counter() - mid)
+            except Exception:  # a failed round trip is counted, not raised
+                errors += 1
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    finally:
+        await nc.close()
+    return _level(concurrency, pairs, errors, firsts, seconds, wall)
 
 
 async def bench(signer: Signer, *, levels: Sequence[int], pairs: int, itype: str,
                 warmup: int) -> list[Level]:
+    """Roost alone: the Run+Terminate figures at each level."""
     await run_level(signer, concurrency=1, pairs=warmup, itype=itype)
     out = []
     for c in levels:
         level = await run_level(signer, concurrency=c, pairs=max(pairs, c * 4), itype=itype)
-        click.echo(format_level(level), err=True)
+        click.echo(format_level("roost", level), err=True)
         out.append(level)
     return out
 
 
-def format_level(level: Level) -> str:
-    return (f"  concurrency {level.concurrency:>3}: RunInstances p50 {level.run_p50_ms:7.2f} ms"
-            f"  p99 {level.run_p99_ms:7.2f} ms | TerminateInstances p50 "
+@dataclass(frozen=True, slots=True)
+class Peers:
+    moto: Signer | None
+    nats_url: str | None
+    metrics_url: str | None
+    ice_type: str
+    ice_requests: int
+
+
+async def bench_all(signer: Signer, peers: Peers, *, levels: Sequence[int], pairs: int,
+                    itype: str, warmup: int) -> dict[str, Any]:
+    """Roost, moto, the NATS floor and ICE, level by level (side by side)."""
+    await run_level(signer, concurrency=1, pairs=warmup, itype=itype)
+    if peers.moto is not None:
+        await run_level(peers.moto, concurrency=1, pairs=warmup, itype=itype)
+    if peers.nats_url:
+        await floor_level(peers.nats_url, concurrency=1, pairs=warmup)
+    out: dict[str, list[dict[str, Any]]] = {"roost": [], "moto": [], "nats_floor": [],
+                                            "ice": []}
+    for c in levels:
+        n = max(pairs, c * 4)
+        lv = await run_level(signer, concurrency=c, pairs=n, itype=itype)
+        click.echo(format_level("roost", lv), err=True)
+        out["roost"].append(asdict(lv))
+        if peers.moto is not None:
+            lv = await run_level(peers.moto, concurrency=c, pairs=n, itype=itype)
+            click.echo(format_level("moto", lv), err=True)
+            out["moto"].append(asdict(lv))
+        if peers.nats_url:
+            lv = await floor_level(peers.nats_url, concurrency=c, pairs=n)
+            click.echo(format_level("nats", lv), err=True)
+            out["nats_floor"].append(asdict(lv))
+        if peers.ice_requests:
+            ice = await ice_level(signer, concurrency=c,
+                                  requests=max(peers.ice_requests, c * 4),
+                                  itype=peers.ice_type, metrics_url=peers.metrics_url)
+            click.echo(format_ice(ice), err=True)
+            out["ice"].append(asdict(ice))
+    return {**out, **verdict(out)}
+
+
+def verdict(out: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Ratios per level and the issue's targets, judged at the top level."""
+    ratios = []
+    for i, r in enumerate(out["roost"]):
+        row: dict[str, Any] = {"concurrency": r["concurrency"]}
+        if i < len(out["moto"]) and out["moto"][i]["launches_per_second"]:
+            row["roost_over_moto"] = round(
+                r["launches_per_second"] / out["moto"][i]["launches_per_second"], 2)
+        if i < len(out["nats_floor"]) and out["nats_floor"][i]["launches_per_second"]:
+            row["roost_over_nats_floor"] = round(
+                r["launches_per_second"] / out["nats_floor"][i]["launches_per_second"], 3)
+        ratios.append(row)
+    targets: dict[str, Any] = {}
+    if ratios and "roost_over_moto" in ratios[-1]:
+        got = ratios[-1]["roost_over_moto"]
+        targets["throughput_vs_moto"] = {
+            "concurrency": ratios[-1]["concurrency"], "target": f">= {TARGET_MOTO_RATIO}x",
+            "measured": got, "met": got >= TARGET_MOTO_RATIO}
+    if out["ice"] and out["ice"][0]["server_p99_ms_le"] is not None:
+        for ice in (out["ice"][0], out["ice"][-1]):
+            got = ice["server_p99_ms_le"]
+            targets[f"ice_server_p99_c{ice['concurrency']}"] = {
+                "concurrency": ice["concurrency"], "target": f"<= {TARGET_ICE_P99_MS} ms",
+                "measured_le_ms": got, "met": got <= TARGET_ICE_P99_MS}
+    return {"ratios": ratios, "targets": targets}
+
+
+def format_level(name: str, level: Level) -> str:
+    return (f"  {name:<5} c={level.concurrency:>3}: first p50 {level.run_p50_ms:7.2f} ms"
+            f"  p99 {level.run_p99_ms:7.2f} ms | second p50 "
             f"{level.terminate_p50_ms:7.2f} ms  p99 {level.terminate_p99_ms:7.2f} ms | "
-            f"{level.launches_per_second:7.1f} launches/s  ({level.errors} errors)")
+            f"{level.launches_per_second:7.1f} pairs/s  ({level.errors} errors)")
+
+
+def format_ice(ice: IceLevel) -> str:
+    server = ("" if ice.server_p99_ms_le is None else
+              f" | server p50 <= {ice.server_p50_ms_le} ms  p99 <= {ice.server_p99_ms_le} ms")
+    return (f"  ICE   c={ice.concurrency:>3}: client p50 {ice.client_p50_ms:7.2f} ms  "
+            f"p99 {ice.client_p99_ms:7.2f} ms{server}  ({ice.ice}/{ice.requests} ICE, "
+            f"{ice.errors} errors)")
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = ["| concurrency | target | Run p50 / p99 ms | Terminate p50 / p99 ms | pairs/s |",
+             "|---|---|---|---|---|"]
+    for name in ("roost", "moto", "nats_floor"):
+        for lv in report.get(name, []):
+            lines.append(f"| {lv['concurrency']} | {name} | {lv['run_p50_ms']} / "
+                         f"{lv['run_p99_ms']} | {lv['terminate_p50_ms']} / "
+                         f"{lv['terminate_p99_ms']} | {lv['launches_per_second']} |")
+    if report.get("ice"):
+        lines += ["", "| concurrency | ICE client p50 / p99 ms | ICE server p50 / p99 ms (<=) |",
+                  "|---|---|---|"]
+        for ice in report["ice"]:
+            lines.append(f"| {ice['concurrency']} | {ice['client_p50_ms']} / "
+                         f"{ice['client_p99_ms']} | {ice['server_p50_ms_le']} / "
+                         f"{ice['server_p99_ms_le']} |")
+    for row in report.get("ratios", []):
+        bits = [f"{k} {v}" for k, v in row.items() if k != "concurrency"]
+        if bits:
+            lines.append(f"ratios at c={row['concurrency']}: " + ", ".join(bits))
+    for name, t in report.get("targets", {}).items():
+        got = t.get("measured", t.get("measured_le_ms"))
+        lines.append(f"target {name}: {t['target']}, measured {got} -> "
+                     f"{'MET' if t['met'] else 'MISSED'}")
+    return "\n".join(lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> None:
+    """Stop one child by its own pid."""
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 @contextmanager
-def local_cluster(*, nodes: int, node_capacity: str) -> Iterator[tuple[str, str, str]]:
-    """`roost up` (sim driver) in a child process; yields (endpoint, key, secret)."""
+def local_cluster(*, nodes: int, node_capacity: str) -> Iterator[tuple[str, str, str, str]]:
+    """`roost up` (sim driver, no controller) in a child process; yields (endpoint, key,
+    secret, nats_url)."""
     with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
         data = Path(tmp) / "up"
         log = Path(tmp) / "up.log"
@@ -180,21 +458,26 @@ def local_cluster(*, nodes: int, node_capacity: str) -> Iterator[tuple[str, str,
             proc = subprocess.Popen(
                 [sys.executable, "-c", "from roost.up.cli import up; up()",
                  "--nodes", str(nodes), "--driver", "sim", "--node-capacity", node_capacity,
-                 "--port", "0", "--nats-port", "0", "--data-dir", str(data)],
+                 "--port", "0", "--nats-port", "0", "--no-controller",
+                 "--data-dir", str(data)],
                 stdout=out, stderr=subprocess.STDOUT,
             )
         try:
             env = _wait_for_env(proc, data / "env", log)
-            yield env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"], env[
-                "AWS_SECRET_ACCESS_KEY"]
+            yield (env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
+                   env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
         finally:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+            _stop(proc)
+
+
+def _nats_url(log: Path) -> str:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.strip().startswith("NATS ") and "nats://" in line:
+                return line.split()[-1]
+        time.sleep(0.05)
+    return ""
 
 
 def _wait_for_env(proc: subprocess.Popen[bytes], env_file: Path, log: Path) -> dict[str, str]:
@@ -210,6 +493,76 @@ def _wait_for_env(proc: subprocess.Popen[bytes], env_file: Path, log: Path) -> d
     raise click.ClickException(f"roost up did not start in 60 s:\n{log.read_text()}")
 
 
+def _wait_for_port(proc: subprocess.Popen[bytes], port: int, what: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise click.ClickException(f"{what} exited:\n{log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise click.ClickException(f"{what} did not start in 60 s:\n{log.read_text()}")
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's server (``python -m moto.server``) on a free loopback port; yields its URL."""
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="roost-bench-moto-") as tmp:
+        log = Path(tmp) / "moto.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdout=out, stderr=subprocess.STDOUT,
+            )
+        try:
+            _wait_for_port(proc, port, "moto_server", log)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            _stop(proc, signal.SIGTERM)
+
+
+RESPONDER = """
+import asyncio, sys
+import nats
+
+async def main(url, subject):
+    nc = await nats.connect(url)
+    async def reply(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe(subject, cb=reply)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@contextmanager
+def nats_responder(nats_url: str) -> Iterator[None]:
+    """A trivial nats-py responder (echo) in a child process, for the floor."""
+    proc = subprocess.Popen([sys.executable, "-c", RESPONDER, nats_url, FLOOR_SUBJECT],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if b"ready" not in line:
+            raise click.ClickException(f"NATS responder did not start: {line!r}")
+        yield
+    finally:
+        _stop(proc, signal.SIGTERM)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
+
+
 @click.command("launch")
 @click.option("--concurrency", "levels", multiple=True, type=click.IntRange(min=1),
               default=[1, 16, 64], show_default=True, help="Repeat for several levels.")
@@ -220,29 +573,71 @@ def _wait_for_env(proc: subprocess.Popen[bytes], env_file: Path, log: Path) -> d
 @click.option("--nodes", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--node-capacity", default="256vcpu,1024GiB", show_default=True,
               help="Per sim node: room for every in-flight launch at the top concurrency.")
+@click.option("--ice-type", default="g5.xlarge", show_default=True,
+              help="A type no sim node fits (they have no GPU): every RunInstances of it "
+                   "is InsufficientInstanceCapacity.")
+@click.option("--ice-requests", type=click.IntRange(min=0), default=300, show_default=True,
+              help="ICE requests per level (at least 4 per worker); 0 skips ICE.")
+@click.option("--no-moto", is_flag=True, help="Skip moto's server.")
+@click.option("--no-floor", is_flag=True, help="Skip the raw NATS request-reply floor.")
+@click.option("--quick", is_flag=True,
+              help="CI smoke: concurrency 1 and 8, 16 pairs, 16 ICE requests, 2 warm-up.")
 @click.option("--endpoint", default=None,
-              help="Measure this running gateway instead of starting `roost up`.")
+              help="Measure this running gateway instead of starting `roost up` "
+                   "(roost only: no moto, floor or ICE).")
 @click.option("--region", default="roost-1", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option("--json", "json_out", default=None, metavar="OUT",
+              help="Write every figure as JSON to OUT ('-' for stdout).")
 def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str, nodes: int,
-           node_capacity: str, endpoint: str | None, region: str, as_json: bool) -> None:
-    """RunInstances + TerminateInstances latency (p50/p99) and throughput."""
-
-    def measure(ep: str, key: str, secret: str) -> list[Level]:
-        click.echo(f"benchmarking {ep} ({instance_type}, {pairs} pairs per level)", err=True)
-        signer = Signer(ep, key, secret, region)
-        return asyncio.run(bench(signer, levels=levels, pairs=pairs, itype=instance_type,
-                                 warmup=warmup))
-
+           node_capacity: str, ice_type: str, ice_requests: int, no_moto: bool,
+           no_floor: bool, quick: bool, endpoint: str | None, region: str,
+           json_out: str | None) -> None:
+    """RunInstances + TerminateInstances latency (p50/p99) and throughput, beside moto's
+    server and a raw NATS floor, plus InsufficientInstanceCapacity latency."""
+    if quick:
+        levels, pairs, warmup, ice_requests = (1, 8), 16, 2, 16
+    report: dict[str, Any] = {"machine": machine(), "instance_type": instance_type,
+                              "pairs": pairs, "levels": list(levels)}
     if endpoint:
         key = os.environ.get("AWS_ACCESS_KEY_ID", "x")
         secret = os.environ.get("AWS_SECRET_ACCESS_KEY", "x")
-        results = measure(endpoint, key, secret)
+        click.echo(f"benchmarking {endpoint} ({instance_type}, {pairs} pairs per level)",
+                   err=True)
+        signer = Signer(endpoint, key, secret, region)
+        results = asyncio.run(bench(signer, levels=levels, pairs=pairs, itype=instance_type,
+                                    warmup=warmup))
+        report["roost"] = [asdict(r) for r in results]
     else:
         click.echo(f"starting roost up: {nodes} sim nodes of {node_capacity}", err=True)
-        with local_cluster(nodes=nodes, node_capacity=node_capacity) as (ep, key, secret):
-            results = measure(ep, key, secret)
-    if as_json:
-        click.echo(json.dumps([asdict(r) for r in results], indent=2))
-    else:
-        click.echo("\n".join(format_level(r) for r in results))
+        with local_cluster(nodes=nodes, node_capacity=node_capacity) as (ep, key, secret,
+                                                                          nats_url):
+            with _maybe(moto_server, not no_moto) as moto_url, \
+                    _maybe(lambda: nats_responder(nats_url), not no_floor and bool(nats_url)):
+                peers = Peers(
+                    moto=Signer(moto_url, "testing", "testing", MOTO_REGION)
+                    if moto_url else None,
+                    nats_url=None if no_floor else nats_url or None,
+                    metrics_url=ep.rstrip("/") + "/metrics",
+                    ice_type=ice_type, ice_requests=ice_requests,
+                )
+                click.echo(f"benchmarking {ep} ({instance_type}, {pairs} pairs per level)"
+                           f"{'' if peers.moto is None else ', moto at ' + str(moto_url)}"
+                           f"{'' if not peers.nats_url else ', NATS floor'}", err=True)
+                report.update(asyncio.run(bench_all(
+                    Signer(ep, key, secret, region), peers, levels=levels, pairs=pairs,
+                    itype=instance_type, warmup=warmup)))
+    if json_out == "-":
+        click.echo(json.dumps(report, indent=2))
+        return
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_report(report))
+
+
+@contextmanager
+def _maybe(factory: Any, enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    with factory() as value:
+        yield value
