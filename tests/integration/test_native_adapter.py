@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,10 +28,17 @@ from roost.controller.orchestrator import (
     ScaleRejected,
     UnknownPool,
 )
+from roost.embedded import PostgresServer
+from roost.store import pools as pools_q
+from roost.store import tasks as tasks_q
+from roost.up.cluster import ClusterSpec, new_credentials
 from tests.e2e.conftest import ThreadedCluster, make_cluster
+from tests.integration.test_controller_helpers import open_db, pool_spec
+from tests.integration.worker_helpers import eventually, task_row
 from tests.orchestrator_contract import ContractHarness, OrchestratorContract
 from tests.pgproxy import PgProxy
 
+ROOT = Path(__file__).resolve().parents[2]
 REF = "type=t3.small; target=tests.worker_tasks:slow; concurrency=2"
 
 
@@ -39,6 +49,19 @@ def native_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Threade
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[str]:
+    """A Postgres outside pytest's temp root: it runs as another user when we are root,
+    and any pytest session that starts meanwhile makes /tmp/pytest-of-<user> 0700."""
+    base = Path(tempfile.mkdtemp(prefix="roost-native-pg-"))
+    server = PostgresServer(base_dir=base, durable=False).start()
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _settings(cluster: ThreadedCluster, endpoint: str) -> NativeSettings:
@@ -155,3 +178,48 @@ def test_removal_order_is_not_ready_then_lowest_priority_then_newest() -> None:
     c = _Instance("i-c", "running", "2026-01-01T00:00:03", 0)
     d = _Instance("i-d", "pending", "2026-01-01T00:00:00", 5)
     assert [i.instance_id for i in removal_order([a, b, c, d])] == ["i-d", "i-b", "i-c", "i-a"]
+
+
+async def test_a_replica_is_a_real_worker_named_by_its_instance(
+        tmp_path: Path, own_postgres: str) -> None:
+    """With the process driver, the user data runs `roost worker`: it registers with
+    its instance id as orchestrator ref, runs a task, and removing the replica drains it."""
+    key, secret = new_credentials()
+    spec = ClusterSpec(data_dir=tmp_path / "cluster", nodes=1, driver="process",
+                       node_capacity="4vcpu,16GiB", heartbeat_seconds=0.5, port=0,
+                       credentials={key: secret}, controller=False)
+    cluster = ThreadedCluster(spec).start()
+    pg_dsn = own_postgres
+    db = await open_db(pg_dsn)
+    pool = PoolRef("real", f"type=t3.small; target=tests.worker_tasks:slow; app_dir={ROOT}")
+    settings = replace(_settings(cluster, cluster.endpoint), dsn=pg_dsn)
+    orch = NativeOrchestrator(settings, now=time.time)
+    try:
+        cluster.wait_nodes(1)
+        await pools_q.create_pool(db, pool_spec("real", orchestrator="native",
+                                                orchestrator_ref=pool.ref))
+        await orch.scale_pool(pool, 1, request_id="real-1")
+        await _settle(orch, pool)
+        (instance,) = (await orch.pool_state(pool)).instances
+
+        async def registered() -> bool:
+            return bool(await db.fetchval(
+                "SELECT count(*) FROM workers WHERE instance_ref = $1 AND status = 'active'",
+                instance.ref))
+        await eventually(registered, timeout=20, what="the worker to register")
+
+        task = await tasks_q.submit(db, "real", {"seconds": 0, "log": str(tmp_path / "log")})
+        async def done() -> bool:
+            return (await task_row(db, task.task_id))["status"] == "done"
+        await eventually(done, timeout=20, what="the task to succeed")
+
+        await orch.scale_pool(pool, 0, request_id="real-0")
+        async def left() -> bool:
+            return not await db.fetchval(
+                "SELECT count(*) FROM workers WHERE instance_ref = $1 AND status = 'active'",
+                instance.ref)
+        await eventually(left, timeout=20, what="the worker to leave on SIGTERM")
+    finally:
+        await orch.close()
+        await db.close()
+        cluster.stop()
