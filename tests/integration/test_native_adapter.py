@@ -26,6 +26,7 @@ from roost.controller.adapters.native import (
 from roost.controller.orchestrator import (
     PoolRef,
     ScaleRejected,
+    ScaleResult,
     UnknownPool,
 )
 from roost.embedded import PostgresServer
@@ -136,6 +137,25 @@ async def test_instances_are_tagged_and_run_the_worker(
         assert sum(n.used_cpu_milli for n in state.nodes) >= 2 * 2000
     finally:
         await orch.scale_pool(pool, 0, request_id="r-end")
+
+
+async def test_the_same_decision_taken_again_later_launches_again(
+        native: tuple[NativeOrchestrator, PgProxy]) -> None:
+    """The controller's request id names a target ("p:2:e1"), so it comes back after
+    the pool shrank; its old ClientToken must not swallow the new launch."""
+    orch, _ = native
+    pool = PoolRef(f"p-{uuid.uuid4().hex[:8]}", REF)
+    try:
+        await orch.scale_pool(pool, 1, request_id="to-1")
+        await _settle(orch, pool)
+        for _ in range(2):
+            assert await orch.scale_pool(pool, 2, request_id="to-2") == ScaleResult(1, 2)
+            await _settle(orch, pool)
+            assert len((await orch.pool_state(pool)).instances) == 2
+            await orch.scale_pool(pool, 1, request_id="back-to-1")  # the newest goes
+            await _settle(orch, pool)
+    finally:
+        await orch.scale_pool(pool, 0, request_id="end")
 
 
 async def test_a_full_cluster_is_scale_rejected(

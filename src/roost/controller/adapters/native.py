@@ -142,9 +142,10 @@ def user_data(pool_id: str, spec: PoolSpec, settings: NativeSettings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def client_token(pool_id: str, request_id: str, replicas: int) -> str:
+def client_token(pool_id: str, request_id: str, replicas: int, *salt: str) -> str:
     """At most 64 characters, as EC2 wants, and the same for a retried decision."""
-    return hashlib.sha256(f"{pool_id}\0{request_id}\0{replicas}".encode()).hexdigest()[:64]
+    text = "\0".join([pool_id, request_id, str(replicas), *salt])
+    return hashlib.sha256(text.encode()).hexdigest()[:64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +210,9 @@ class NativeOrchestrator:
         instances = await self._instances(pool)
         previous = len(instances)
         if replicas > previous:
+            live = sorted(i.instance_id for i in instances)
             await self._launch(pool, spec, replicas - previous,
-                               client_token(pool.pool_id, request_id, replicas))
+                               client_token(pool.pool_id, request_id, replicas, *live))
         elif replicas < previous:
             doomed = removal_order(instances)[: previous - replicas]
             await self._ec2_call("TerminateInstances",
@@ -239,13 +241,25 @@ class NativeOrchestrator:
             raise UnknownPool(str(exc)) from None
 
     async def _launch(self, pool: PoolRef, spec: PoolSpec, count: int, token: str) -> None:
+        """Launch up to ``count``. The token is a function of the decision and of the
+        pool's live instances, so a retry finds its first launch. The same decision
+        taken again later (the controller's request id names a target, not a moment)
+        can meet a token whose launch is over: every instance it returns is gone. Then
+        the launch is repeated under a token salted with those ids, still deterministic."""
         tags = [{"Key": POOL_TAG, "Value": pool.pool_id}]
-        await self._ec2_call(
-            "RunInstances", ImageId=self.settings.image_id, InstanceType=spec.instance_type,
-            MinCount=1, MaxCount=count, ClientToken=token,
-            UserData=user_data(pool.pool_id, spec, self.settings),
-            TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
-        )
+        for _ in range(4):
+            reply = await self._ec2_call(
+                "RunInstances", ImageId=self.settings.image_id,
+                InstanceType=spec.instance_type, MinCount=1, MaxCount=count,
+                ClientToken=token, UserData=user_data(pool.pool_id, spec, self.settings),
+                TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+            )
+            launched = reply.get("Instances", [])
+            if any(i["State"]["Name"] in _LIVE_STATES for i in launched) or not launched:
+                return
+            token = client_token(pool.pool_id, token, count,
+                                 *sorted(i["InstanceId"] for i in launched))
+        raise ScaleRejected(f"pool {pool.pool_id}: ClientToken kept naming finished launches")
 
     async def _instances(self, pool: PoolRef) -> list[_Instance]:
         out: list[_Instance] = []
