@@ -190,6 +190,7 @@ class Pool:
         self._serial = 0
         self._seq = 0
         self.events: list[tuple[float, int, int, Any]] = []
+        self.free: list[tuple[int, str]] = []
         self.attempt = np.zeros(len(work.arrivals), dtype=np.int64)
         self.started = np.full(len(work.arrivals), np.nan)
         self.done = 0
@@ -228,6 +229,8 @@ class Pool:
             self.workers[w.worker_id] = w
             if ready_at > self.now:
                 self._push(ready_at, READY, w.worker_id)
+            else:
+                self.offer(w)
 
     def ready(self, w: Worker) -> bool:
         return w.ready_at <= self.now
@@ -266,21 +269,26 @@ class Pool:
             self.queue.appendleft(task)
 
     # -- dispatch
+    def offer(self, w: Worker) -> None:
+        """Note that ``w`` may take a task (a lazy heap: entries are checked on use)."""
+        if (w.status is WorkerStatus.ACTIVE and self.ready(w)
+                and len(w.running) < self.cfg.slots):
+            heapq.heappush(self.free, (len(w.running), w.worker_id))
+
     def dispatch(self) -> None:
-        if not self.queue:
-            return
-        free = [w for w in self.workers.values()
-                if w.status is WorkerStatus.ACTIVE and self.ready(w)
-                and len(w.running) < self.cfg.slots]
-        while self.queue and free:
-            w = min(free, key=lambda x: (len(x.running), x.worker_id))
+        """Queued tasks, oldest first, to the least-loaded active ready worker."""
+        while self.queue and self.free:
+            load, wid = heapq.heappop(self.free)
+            w = self.workers.get(wid)
+            if (w is None or w.status is not WorkerStatus.ACTIVE or not self.ready(w)
+                    or len(w.running) != load or load >= self.cfg.slots):
+                continue
             task = self.queue.popleft()
             w.running.add(task)
             self.started[task] = self.now
             self._push(self.now + float(self.work.service[task]), DONE,
                        (w.worker_id, task, int(self.attempt[task])))
-            if len(w.running) >= self.cfg.slots:
-                free.remove(w)
+            self.offer(w)
 
     rng: random.Random
 
@@ -341,6 +349,7 @@ class RoostPolicy:
                 case Reactivate():
                     w = pool.workers[step.worker_id]
                     w.status, w.draining_since, w.priority = WorkerStatus.ACTIVE, None, 0
+                    pool.offer(w)
                 case RemoveReplica():
                     w = pool.workers[step.worker_id]
                     if step.replicas is not None:
@@ -435,9 +444,13 @@ def simulate(work: Workload, policy: Policy, cfg: SimConfig,
             w = pool.workers.get(wid)
             if w is not None:
                 w.running.discard(task)
+                pool.offer(w)
             pool.done += 1
             pool.dispatch()
         elif kind == READY:
+            w = pool.workers.get(payload)
+            if w is not None:
+                pool.offer(w)
             pool.dispatch()
         else:
             policy.tick(pool)
