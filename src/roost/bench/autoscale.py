@@ -390,9 +390,10 @@ class HpaPolicy:
         self.recs.append((now, rec))
         while self.recs and self.recs[0][0] < now - HPA_DOWN_WINDOW:
             self.recs.popleft()
-        # scale-down stabilization: the highest recommendation over the window
-        stable = max(r for _, r in self.recs)
-        new = min(rec, stable) if rec > current else stable
+        # scale-down stabilization: the highest recommendation over the window, never
+        # above the current size (Kubernetes' stabilizeRecommendationWithBehaviors with
+        # no scale-up window)
+        new = rec if rec > current else min(current, max(r for _, r in self.recs))
         if new > current:  # default scale-up policy: max(+100 %, +4 pods) per 15 s
             new = min(new, max(2 * current, current + 4))
         new = min(max(new, self.cfg.min_replicas), self.cfg.max_replicas)
