@@ -66,3 +66,37 @@ def test_synthetic_step_demand_needs_no_data() -> None:
     assert max(reps[3:8]) > reps[0]  # scaled up for the step
     assert reps[-1] < max(reps)  # and back down after it
     assert roost["scale_actions"] >= 2
+
+
+def test_hpa_rules_tolerance_stabilization_and_scale_up_limit() -> None:
+    from roost.bench.autoscale import HpaPolicy
+
+    cfg = SimConfig(target_per_replica=2)
+    hpa = HpaPolicy(cfg, lag_only=False)
+    assert hpa.desired(10, 0, 21) == 10  # ratio 1.05: within the 0.1 tolerance
+    assert hpa.desired(10, 10, 20) == 15
+    assert hpa.desired(10, 0, 4) == 2
+    keda = HpaPolicy(cfg, lag_only=True)
+    assert keda.desired(10, 3, 100) == 2  # the lag alone: ceil(3 / 2)
+
+    class FakePool:
+        def __init__(self) -> None:
+            self.now, self.target, self.load = 0.0, 10, (0, 20)
+
+        def outstanding(self) -> tuple[int, int]:
+            return self.load
+
+        def scale_to(self, n: int) -> None:
+            self.target = n
+
+    pool = FakePool()
+    hpa.tick(pool)  # type: ignore[arg-type]
+    pool.now, pool.load = 15.0, (0, 2)
+    hpa.tick(pool)  # type: ignore[arg-type]
+    assert pool.target == 10  # scale-down held by the 300 s stabilization
+    pool.now = 316.0
+    hpa.tick(pool)  # type: ignore[arg-type]
+    assert pool.target == 1
+    pool.now, pool.load = 331.0, (200, 0)
+    hpa.tick(pool)  # type: ignore[arg-type]
+    assert pool.target == 5  # at most max(+100 %, +4) per sync
