@@ -46,6 +46,8 @@ def test_roost_up_runs_a_leading_controller_on_its_postgres(tmp_path: Path) -> N
         found = re.search(r"controller\s+(http://\S+)", banner)
         assert found and found.group(1) == f"http://127.0.0.1:{port}", banner
         assert "Postgres       postgresql://" in banner
+        assert "roost pools create demo" in banner and "--orchestrator native" in banner
+        assert "export ROOST_DSN=postgresql://" in (data / "env").read_text()
         doc: dict[str, Any] = {}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -80,6 +80,19 @@ def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret:
         f"  aws ec2 run-instances --endpoint-url {endpoint} "
         f"--image-id {DEFAULT_IMAGE_ID} --instance-type t3.micro --count 1",
         f"  aws ec2 describe-instances --endpoint-url {endpoint}",
+    ]
+    if controller_url:
+        lines += [
+            "",
+            "A worker pool on these nodes (each replica: one t3.small running "
+            "`roost worker`):",
+            "",
+            f"  roost pools create demo --dsn {dsn} --orchestrator native \\",
+            "    --ref 'type=t3.small; target=mymodule:handle; app_dir=/path/to/app' \\",
+            "    --min 0 --max 4 --target 10 --cpu-milli 2000 --memory-mib 2048 "
+            "--db-pool-size 2",
+        ]
+    lines += [
         "",
         f"`roost status --endpoint {endpoint}` shows the nodes. Ctrl-C stops everything.",
     ]
@@ -164,19 +177,20 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
 
     def ready() -> str:
         endpoint = cluster.gateway.endpoint
-        env_file = data_dir / "env"
-        env_file.write_text(
-            f"export AWS_ACCESS_KEY_ID={key}\nexport AWS_SECRET_ACCESS_KEY={secret}\n"
-            f"export AWS_DEFAULT_REGION={region}\nexport AWS_ENDPOINT_URL_EC2={endpoint}\n"
-        )
-        os.chmod(env_file, 0o600)
-        nats = cluster.get(NatsComponent)
-        assert isinstance(nats, NatsComponent)
         controller_url = dsn = ""
         if spec.controller:
             ctl = cluster.get(ControllerComponent)
             assert isinstance(ctl, ControllerComponent)
             controller_url, dsn = ctl.url, ctl.postgres.dsn
+        env_file = data_dir / "env"
+        env_file.write_text(
+            f"export AWS_ACCESS_KEY_ID={key}\nexport AWS_SECRET_ACCESS_KEY={secret}\n"
+            f"export AWS_DEFAULT_REGION={region}\nexport AWS_ENDPOINT_URL_EC2={endpoint}\n"
+            + (f"export ROOST_DSN={dsn}\n" if dsn else "")
+        )
+        os.chmod(env_file, 0o600)
+        nats = cluster.get(NatsComponent)
+        assert isinstance(nats, NatsComponent)
         text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
                       controller_url=controller_url, dsn=dsn)
         return f"{text}\n(or: source {env_file})"
