@@ -4,6 +4,7 @@ protocol and VM-trace pieces behave as documented."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from roost.bench.fgd_protocol import arrivals, discrete_curve
 from roost.bench.replay import ReplayCluster
-from roost.bench.traces import Flavor, VmArrival, VmTrace, pod_type
+from roost.bench.traces import Flavor, VmArrival, VmTrace, load_pods, pod_type
 from roost.bench.vm_sim import Outcome, find_peak, flavor_types, lower_bound, min_hosts, replay
 from roost.decide.placement import POLICIES, NodeView, make_policy, placements
 from roost.decide.workload import Workload
@@ -129,3 +130,12 @@ def test_min_hosts_binary_search() -> None:
 
     assert min_hosts(served, lower=100).min_hosts == 137
     assert min_hosts(served, lower=137).min_hosts == 137
+
+
+def test_pods_load_in_creation_order(tmp_path: Path) -> None:
+    head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time"
+    rows = ["p0,1000,10,0,0,,BE,Running,30", "p1,2000,10,0,0,,BE,Running,10",
+            "p2,3000,10,0,0,,BE,Running,30", "p3,4000,10,0,0,,BE,Running,20"]
+    path = tmp_path / "pods.csv"
+    path.write_text("\n".join([head, *rows]) + "\n")
+    assert [p.cpu_milli for p in load_pods(path)] == [2000, 4000, 1000, 3000]

@@ -366,5 +366,6 @@ def placement_command(
             {s.policy: s.mean_curve() for s in summaries},
             {c.policy: list(c.mean) for c in published},
             title=f"{pods_file.stem}: seeds {meta['seeds_text']}, {order} order",
+            counterparts=COUNTERPART,
         )
         console.print(f"wrote {json_out} (+ .md, .png)")

@@ -28,18 +28,24 @@ def allocation_curves(
     published: Mapping[str, Curve],
     *,
     title: str,
+    counterparts: Mapping[str, str] | None = None,
 ) -> None:
     """Allocation % against arrived %, roost's runs solid and the FGD artifact's
-    published means dashed; the right panel zooms on the loaded end."""
+    published means dashed, each in the colour of its roost counterpart (grey when it
+    has none); the right panel zooms on the loaded end."""
     fig, (full, zoom) = plt.subplots(1, 2, figsize=(13, 5.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    mine = {name: colors[k % len(colors)] for k, name in enumerate(ours)}
+    twin = {theirs: mine[m] for m, theirs in (counterparts or {}).items() if m in mine}
+    greys = iter(["0.35", "0.55", "0.7", "0.8"] * 4)
+    theirs_color = {name: twin.get(name) or next(greys) for name in published}
     for ax in (full, zoom):
-        for k, (name, curve) in enumerate(ours.items()):
+        for name, curve in ours.items():
             xs, ys = _xy(curve)
-            ax.plot(xs, ys, color=colors[k % len(colors)], lw=1.8, label=name)
-        for k, (name, curve) in enumerate(published.items()):
+            ax.plot(xs, ys, color=mine[name], lw=1.8, label=name)
+        for name, curve in published.items():
             xs, ys = _xy(curve)
-            ax.plot(xs, ys, color=colors[(k + len(ours)) % len(colors)], lw=1.2, ls="--",
+            ax.plot(xs, ys, color=theirs_color[name], lw=1.2, ls="--",
                     label=f"{name} (published)")
         ax.axvline(100, color="0.6", lw=0.8, ls=":")
         ax.set_xlabel("arrived GPU demand, % of cluster GPU capacity")

@@ -81,10 +81,16 @@ def pod_type(cpu_milli: int, mem_mib: int, num_gpu: int, gpu_milli: int, spec: s
 
 
 def load_pods(path: Path) -> list[InstanceType]:
-    """openb pod list in file order; pods of one shape share one `InstanceType` object."""
+    """openb pod list in trace order: by ``creation_time``, file order among equals (the
+    artifact's simulator sorts the same way when it does not shuffle). The default list
+    is stored in that order; ``cpu050`` is stored with its CPU-only pods first. Pods of
+    one shape share one `InstanceType` object."""
     shapes: dict[tuple[int, int, int, int, str], InstanceType] = {}
+    rows = list(_rows(path))
+    if rows and "creation_time" in rows[0]:
+        rows.sort(key=lambda r: int(r["creation_time"] or 0))
     pods = []
-    for row in _rows(path):
+    for row in rows:
         key = (
             int(row["cpu_milli"]),
             int(row["memory_mib"]),
