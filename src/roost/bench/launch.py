@@ -324,6 +324,7 @@ async def bench(signer: Signer, *, levels: Sequence[int], pairs: int, itype: str
 @dataclass(frozen=True, slots=True)
 class Peers:
     moto: Signer | None
+    moto_url: str | None
     nats_url: str | None
     metrics_url: str | None
     ice_type: str
@@ -346,6 +347,8 @@ async def bench_all(signer: Signer, peers: Peers, *, levels: Sequence[int], pair
         click.echo(format_level("roost", lv), err=True)
         out["roost"].append(asdict(lv))
         if peers.moto is not None:
+            if peers.moto_url:
+                reset_moto(peers.moto_url)
             lv = await run_level(peers.moto, concurrency=c, pairs=n, itype=itype)
             click.echo(format_level("moto", lv), err=True)
             out["moto"].append(asdict(lv))
@@ -428,6 +431,14 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"target {name}: {t['target']}, measured {got} -> "
                      f"{'MET' if t['met'] else 'MISSED'}")
     return "\n".join(lines)
+
+
+def reset_moto(url: str) -> None:
+    """Empty moto's in-memory state: it keeps terminated instances and looks them up
+    by a scan, so without a reset each level would pay for the ones before it."""
+    req = urllib.request.Request(url.rstrip("/") + "/moto-api/reset", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
 
 
 def free_port() -> int:
@@ -616,6 +627,7 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
                 peers = Peers(
                     moto=Signer(moto_url, "testing", "testing", MOTO_REGION)
                     if moto_url else None,
+                    moto_url=moto_url,
                     nats_url=None if no_floor else nats_url or None,
                     metrics_url=ep.rstrip("/") + "/metrics",
                     ice_type=ice_type, ice_requests=ice_requests,
