@@ -96,7 +96,8 @@ async def test_metrics_and_openapi(rig: Rig) -> None:
         doc = (await http.get("/openapi.json")).json()
         assert doc["openapi"].startswith("3.")
         assert set(doc["paths"]) == {"/healthz", "/readyz", "/status", "/metrics",
-                                     "/openapi.json"}
+                                     "/openapi.json", "/api/v1/pools/{pool}/tasks",
+                                     "/api/v1/tasks/{task_id}", "/api/v1/pools/{pool}"}
         schema = doc["components"]["schemas"]["StatusDoc"]
         assert {"leader", "epoch", "lastRunAt", "lastError", "queue", "plan",
                 "scaleActions"} <= set(schema["properties"])

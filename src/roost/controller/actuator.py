@@ -5,6 +5,12 @@ so a deposed leader fails on its write and never reaches the orchestrator. Betwe
 orchestrator calls the leader's connection state is checked too: the termination
 listener flips it the moment the session dies.
 
+A re-activated worker whose instance still carries a negative termination priority (a
+removal mark) has it reset to 0, so the orchestrator does not pick it first on the next
+scale-down. Marks are set only after a removal is committed, which a re-activation
+never undoes, so this is a safeguard; its failure is logged and noted on the record,
+never fatal.
+
 A failure is recorded as data (`ActionRecord`) and ends that pool's steps for this
 tick; other pools go on. The next tick re-reads everything and decides again, and a
 committed removal is finished from where it stopped. `StaleEpoch` is different: it ends
@@ -23,7 +29,7 @@ from roost.controller.clock import Clock
 from roost.controller.orchestrator import Orchestrator, OrchestratorError, PoolRef
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp, Step
 from roost.decide.plan import Plan
-from roost.decide.snapshot import PoolSpec
+from roost.decide.snapshot import PoolInputs, PoolSpec
 from roost.store import fenced
 from roost.store.errors import StaleEpoch
 
@@ -71,13 +77,17 @@ class Actuator:
         self.clock = clock
         self.timeout = timeout
         self.still_leader = still_leader
+        self._inputs: Mapping[str, PoolInputs] = {}
 
     async def apply(self, plan: Plan, specs: Mapping[str, PoolSpec], *, epoch: int,
-                    shadow: bool, records: list[ActionRecord] | None = None
-                    ) -> list[ActionRecord]:
+                    shadow: bool, records: list[ActionRecord] | None = None,
+                    inputs: Mapping[str, PoolInputs] | None = None) -> list[ActionRecord]:
         """Apply ``plan``; records go to ``records`` as they happen, so the caller keeps
-        what was done even when a `StaleEpoch` ends the tick half-way."""
+        what was done even when a `StaleEpoch` ends the tick half-way. ``inputs`` (the
+        snapshot the plan was made from, by pool) tells which instances carry a removal
+        mark to undo on re-activation."""
         records = [] if records is None else records
+        self._inputs = inputs or {}
         for pool in plan.pools:
             for step in pool.steps:
                 if shadow:
@@ -119,7 +129,10 @@ class Actuator:
                     return self._record(step, "ok" if ok else "skipped")
                 case Reactivate():
                     ok = await fenced.reactivate(self.db, epoch, step.pool_id, step.worker_id)
-                    return self._record(step, "ok" if ok else "skipped", step.why)
+                    if not ok:
+                        return self._record(step, "skipped", step.why)
+                    note = await self._unmark(step, orch, ref, epoch)
+                    return self._record(step, "ok", f"{step.why}{note}")
                 case ScaleUp():
                     self._guard(epoch)
                     if orch is None:
@@ -135,6 +148,33 @@ class Actuator:
         except TimeoutError:
             return self._record(step, "failed", f"orchestrator timed out after {self.timeout:g}s")
         raise AssertionError(step)
+
+    async def _unmark(self, step: Reactivate, orch: Orchestrator | None, ref: PoolRef,
+                      epoch: int) -> str:
+        """Reset the removal mark of a re-activated worker's instance, if it has one (or
+        if the pool's instances could not be read); "" or a note for the record."""
+        pool = self._inputs.get(step.pool_id)
+        if orch is None or pool is None:
+            return ""
+        worker = next((w for w in pool.workers or () if w.worker_id == step.worker_id), None)
+        if worker is None or not worker.instance_ref:
+            return ""
+        if pool.infra is not None:  # else unknown: reset anyway, tolerating errors
+            inst = next((i for i in pool.infra.instances if i.ref == worker.instance_ref), None)
+            if inst is None or inst.termination_priority >= 0:
+                return ""
+        self._guard(epoch)
+        try:
+            await self._call(orch.set_instance_termination_priority(
+                ref, worker.instance_ref, priority=0))
+        except (OrchestratorError, TimeoutError, ValueError) as exc:
+            log.warning("re-activated %s of %s but could not reset the termination "
+                        "priority of %s: %s", step.worker_id, step.pool_id,
+                        worker.instance_ref, exc or type(exc).__name__)
+            return f"; priority of {worker.instance_ref} not reset: {type(exc).__name__}"
+        log.info("reset the termination priority of %s (%s re-activated)",
+                 worker.instance_ref, step.worker_id)
+        return f"; priority of {worker.instance_ref} reset to 0"
 
     async def _remove(self, step: RemoveReplica, orch: Orchestrator | None, ref: PoolRef,
                       epoch: int) -> ActionRecord:

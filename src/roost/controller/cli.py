@@ -60,6 +60,8 @@ _HELP = {
     "shadow": "Plan and publish, log what would be done, never act.",
     "holder": "Name of this controller in the leader lease (default host:pid).",
     "static_config": "TOML file of the static orchestrator's pools.",
+    "kubernetes_config": "TOML file of Kubernetes settings (kubeconfig, context, namespace, "
+                         "...); serves the kubernetes orchestrator.",
     "fake": "Serve the in-memory fake orchestrator (demos and tests only).",
     "migrate": "Apply schema migrations on start.",
 }
@@ -97,7 +99,7 @@ def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def controller(config_file: Path | None, print_config: bool, log_level: str,
                **settings: Any) -> None:
     """Run the capacity controller: elect a leader on Postgres, size worker pools from
-    queue demand, and serve /healthz, /readyz, /status and /metrics."""
+    queue demand, and serve /healthz, /readyz, /status, /metrics and the task API."""
     try:
         from_file = cfg.load_file(config_file) if config_file else {}
         config = cfg.build(from_file, settings)
@@ -110,7 +112,10 @@ def controller(config_file: Path | None, print_config: bool, log_level: str,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from roost.controller.service import serve  # uvicorn and friends only when serving
 
-    _run(serve(config))
+    try:
+        _run(serve(config))
+    except cfg.SettingError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 # ---- roost pools ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ level or under ``[controller]``::
     scale_down_window = 300
     memory_target_percent = 80
     static_config = "static-pools.toml"
+    kubernetes_config = "kubernetes.toml"
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from typing import Any
 import msgspec
 
 from roost.decide.snapshot import PlanSettings
+
+
+class SettingError(ValueError):
+    """A setting names something unusable (a file that does not load, a cluster that
+    cannot be configured); found when the controller starts, not when flags are parsed."""
 
 
 class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -51,6 +57,9 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     shadow: bool = False
     holder: str = ""
     static_config: str | None = None
+    kubernetes_config: str | None = None
+    """A TOML file of Kubernetes settings (``roost.controller.adapters.k8s.config``);
+    set, the controller serves the ``kubernetes`` orchestrator."""
     fake: bool = False
     """Serve an in-memory ``fake`` orchestrator (demos and tests only)."""
     migrate: bool = True
@@ -104,7 +113,8 @@ def load_file(path: Path) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ValueError(f"{path}: [controller] must be a table")
     out = {k.replace("-", "_"): v for k, v in table.items()}
-    for key in ("static_config",):  # paths in the file are relative to the file
+    # Paths in the file are relative to the file.
+    for key in ("static_config", "kubernetes_config"):
         if isinstance(out.get(key), str) and not Path(out[key]).is_absolute():
             out[key] = str(path.parent / out[key])
     return out

@@ -1,5 +1,6 @@
-"""The controller's HTTP API, on its own port: health, readiness, status, metrics, and
-an OpenAPI document describing them.
+"""The controller's HTTP API, on its own port: health, readiness, status, metrics, the
+task API (`roost.controller.tasks_api`, served by leader and followers alike), and an
+OpenAPI document describing them all.
 
 Every error, including an unknown path, a wrong method or a bad query parameter, is an
 ``application/problem+json`` body (RFC 9457), never an HTML page or a traceback.
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from roost.controller import tasks_api
 from roost.controller.loop import Controller
 from roost.controller.status import HealthDoc, Problem, StatusDoc, known_pools, status_doc
 
@@ -127,6 +129,7 @@ def build_app(controller: Controller) -> Starlette:
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi_doc, methods=["GET"]),
+            *tasks_api.task_routes(c.db, timeout=c.config.io_timeout),
         ],
         exception_handlers={HTTPException: http_error, Exception: crash},
     )
@@ -140,6 +143,11 @@ def _openapi() -> bytes:
     def ok(ref: dict[str, Any], media: str = "application/json") -> dict[str, Any]:
         return {"description": "OK", "content": {media: {"schema": ref}}}
 
+    task_paths, task_components = tasks_api.openapi_fragment()
+    clash = {k for k, v in task_components.items() if components.get(k, v) != v}
+    if clash:  # the same name for two different schemas would describe one of them wrongly
+        raise AssertionError(f"task API schemas clash with the controller's: {sorted(clash)}")
+    components = {**components, **task_components}
     err = {"content": {"application/problem+json": {"schema": problem_ref}}}
     doc = {
         "openapi": "3.1.0",
@@ -169,6 +177,7 @@ def _openapi() -> bytes:
             }},
             "/openapi.json": {"get": {"summary": "This document.",
                                       "responses": {"200": ok({"type": "object"})}}},
+            **task_paths,
         },
         "components": {"schemas": components},
     }

@@ -167,7 +167,8 @@ class Controller:
         specs = {x.spec.pool_id: x.spec for x in snapshot.pools}
         try:
             await self.actuator.apply(p, specs, epoch=epoch, shadow=self.config.shadow,
-                                      records=result.actions)
+                                      records=result.actions,
+                                      inputs={x.spec.pool_id: x for x in snapshot.pools})
         finally:
             self.actions.extend(result.actions)
             self.metrics.observe_actions(result.actions)

@@ -18,7 +18,7 @@ import uvicorn
 
 from roost.controller.adapters import FakeOrchestrator, StaticOrchestrator
 from roost.controller.clock import Clock, SystemClock
-from roost.controller.config import ControllerConfig
+from roost.controller.config import ControllerConfig, SettingError
 from roost.controller.http import build_app
 from roost.controller.leadership import Leadership
 from roost.controller.loop import Controller
@@ -29,10 +29,21 @@ log = logging.getLogger("roost.controller")
 
 
 def build_orchestrators(config: ControllerConfig, clock: Clock) -> dict[str, Orchestrator]:
-    """The adapters this controller serves, by the name pools refer to."""
+    """The adapters this controller serves, by the name pools refer to. `SettingError`
+    when one cannot be configured (a kubernetes file that does not load, no cluster)."""
     out: dict[str, Orchestrator] = {}
     if config.static_config:
         out["static"] = StaticOrchestrator(Path(config.static_config), now=clock.time)
+    if config.kubernetes_config:
+        # Imported here: lightkube is loaded only by controllers that talk to a cluster.
+        from roost.controller.adapters.k8s.config import load_settings
+        from roost.controller.adapters.kubernetes import KubernetesOrchestrator
+
+        try:
+            settings = load_settings(Path(config.kubernetes_config))
+            out["kubernetes"] = KubernetesOrchestrator.from_settings(settings, now=clock.time)
+        except ValueError as exc:
+            raise SettingError(f"kubernetes_config: {exc}") from None
     if config.fake:
         out["fake"] = FakeOrchestrator(now=clock.time)
     return out
@@ -49,13 +60,18 @@ async def serve(
     """Run until ``stop`` is set or the process gets SIGINT/SIGTERM (via uvicorn)."""
     clock = clock or SystemClock()
     stop = stop or asyncio.Event()
-    if config.migrate:
-        applied = await migrate_dsn(config.dsn)
-        for m in applied:
-            log.info("applied migration %04d %s", m.version, m.name)
     adapters = dict(orchestrators) if orchestrators is not None else build_orchestrators(
         config, clock)
-    db = await asyncpg.create_pool(config.dsn, min_size=1, max_size=4)
+    try:
+        if config.migrate:
+            applied = await migrate_dsn(config.dsn)
+            for m in applied:
+                log.info("applied migration %04d %s", m.version, m.name)
+        db = await asyncpg.create_pool(config.dsn, min_size=1, max_size=4)
+    except BaseException:
+        for adapter in adapters.values():
+            await adapter.close()
+        raise
     leadership = Leadership(
         config.dsn, holder=config.holder_name, clock=clock,
         retry_interval=config.follower_retry, keepalive_timeout=config.keepalive_timeout,

@@ -3,13 +3,17 @@ document and its description cannot drift apart."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
 from roost.controller.actuator import ActionRecord, describe
 from roost.controller.loop import Controller
+
+log = logging.getLogger("roost.controller.status")
 
 
 class _Doc(msgspec.Struct, rename="camel", omit_defaults=False):
@@ -63,6 +67,9 @@ class StatusDoc(_Doc):
     plan: PlanDoc | None
     scale_actions: list[ScaleActionDoc]
     lost_leadership_reason: str = ""
+    orchestrators: dict[str, dict[str, Any]] = {}
+    """What each adapter that offers a ``report()`` says about itself (the kubernetes
+    adapter: per pool, its Deployment, revisions, recent removals and mismatches)."""
 
 
 class HealthDoc(_Doc):
@@ -134,6 +141,21 @@ def known_pools(c: Controller) -> set[str]:
     return {r.pool_id for r in c.published} | set(c.queue)
 
 
+def _reports(c: Controller) -> dict[str, dict[str, Any]]:
+    """Adapters' own reports; one that fails says so instead of failing /status."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, orch in sorted(c.orchestrators.items()):
+        report = getattr(orch, "report", None)
+        if not callable(report):
+            continue
+        try:
+            out[name] = dict(report())
+        except Exception as exc:
+            log.warning("orchestrator %s report failed", name, exc_info=True)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
 def status_doc(c: Controller, *, pools: set[str] | None = None) -> StatusDoc:
     ready, _ = c.readiness()
     keep = _keeper(pools)
@@ -149,4 +171,5 @@ def status_doc(c: Controller, *, pools: set[str] | None = None) -> StatusDoc:
         plan=_plan(c, pools),
         scale_actions=[_action(r) for r in reversed(c.actions) if keep(r.pool_id)],
         lost_leadership_reason=c.leadership.lost_reason,
+        orchestrators=_reports(c),
     )

@@ -68,11 +68,25 @@ async def publish_desired(
 async def mark_draining(db: Any, epoch: int, pool_id: str, worker_id: str, *,
                         now: float) -> bool:
     """Active -> draining. False if the worker is no longer active (gone, or already
-    draining): the plan was made on an older read and this tick skips it."""
+    draining): the plan was made on an older read and this tick skips it.
+
+    ``draining_since`` is compared with ``heartbeat_at``, which the worker writes from
+    the *database's* clock: only a heartbeat at or after the mark may prove the worker
+    empty. The controller's ``now`` alone is not enough: were its clock behind the
+    database's, a heartbeat from before the mark (after which the worker could still
+    claim a task) would look newer than the mark. So the mark is at least one
+    microsecond after the row's last heartbeat, read under the row lock this UPDATE
+    takes, which orders it against the worker's heartbeats and claims: every heartbeat
+    before the mark is older than it, whatever either clock says. ``now`` still keeps it
+    on the controller's clock for the drain timeout (``now - draining_since``); a
+    controller clock *ahead* of the database's only delays the removal by the skew.
+    """
     async with db.acquire() as conn, conn.transaction():
         await _check(conn, epoch)
         done = await conn.fetchval(
-            "UPDATE workers SET status = 'draining', draining_since = $3, "
+            "UPDATE workers SET status = 'draining', "
+            "draining_since = greatest($3::timestamptz, "
+            "                          heartbeat_at + interval '1 microsecond'), "
             "removal_target = NULL, status_epoch = $4 "
             "WHERE id = $1 AND pool_id = $2 AND status = 'active' RETURNING true",
             worker_id, pool_id, to_ts(now), epoch,
