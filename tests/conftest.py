@@ -3,6 +3,8 @@ happens to be running on the machine. Each fixture stops what it started by pid.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,13 +36,17 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+def postgres_server() -> Iterator[PostgresServer]:
     """One Postgres for the session; each test gets its own database (see `pg_dsn`)."""
-    server = PostgresServer(base_dir=tmp_path_factory.mktemp("pg"), durable=False).start()
+    # Not under pytest's basetemp: pytest prunes the oldest numbered basetemps when a
+    # newer session starts, which would delete a running server's data directory.
+    base = Path(tempfile.mkdtemp(prefix="roost-test-pg-"))
+    server = PostgresServer(base_dir=base, durable=False).start()
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
