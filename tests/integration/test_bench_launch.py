@@ -27,7 +27,8 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
         assert all(0 < lv["run_p50_ms"] <= lv["run_p99_ms"] for lv in levels), name
     assert all(ice["ice"] == ice["requests"] > 0 and ice["errors"] == 0
                for ice in report["ice"])
-    assert all(ice["server_p99_ms_le"] is not None for ice in report["ice"])
+    assert all(ice["server_p99_ms_le"] is not None and ice["server_mean_ms"] > 0
+               and 0 <= ice["server_share_le_5ms"] <= 1 for ice in report["ice"])
     assert all("roost_over_moto" in r and "roost_over_nats_floor" in r
                for r in report["ratios"])
     assert {"throughput_vs_moto", "ice_server_p99_c1"} <= report["targets"].keys()
