@@ -523,7 +523,8 @@ def plot(path: Path, rates: Sequence[float], results: Sequence[dict[str, Any]],
     ax.set_zorder(ax2.get_zorder() + 1)
     ax.patch.set_visible(False)
     ax.set_xlabel("hours")
-    ax.set_ylabel("replicas (mean per minute)")
+    ax.set_yscale("log")  # a flapping baseline would flatten the others
+    ax.set_ylabel("replicas (mean per minute, log scale)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     lines, labels = ax.get_legend_handles_labels()
