@@ -10,7 +10,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from roost.controller.adapters import NativeOrchestrator, NativeSettings
@@ -102,6 +104,58 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         killed = await db.fetchval(
             "SELECT count(*) FROM tasks WHERE pool_id = 'auto' AND attempts > 1")
         assert killed == 0
+    finally:
+        stop.set()
+        if serving is not None:
+            await asyncio.wait_for(serving, 30)
+        else:
+            await orch.close()
+        await db.close()
+        cluster.stop()
+
+
+async def test_a_full_cluster_is_reported_and_retried_not_fatal(
+        tmp_path: Path, own_postgres: str) -> None:
+    """GPU workers on nodes without GPUs: CPU and memory say there is room, the gateway
+    answers InsufficientInstanceCapacity. The controller records the refusal in /status,
+    keeps leading and ticking, and tries again on later ticks."""
+    key, secret = new_credentials()
+    cluster = ThreadedCluster(ClusterSpec(
+        data_dir=tmp_path / "cluster", nodes=2, driver="sim", node_capacity="8vcpu,32GiB",
+        heartbeat_seconds=0.5, port=0, credentials={key: secret}, controller=False)).start()
+    dsn = own_postgres
+    db = await open_db(dsn)
+    orch = NativeOrchestrator(NativeSettings(
+        endpoint=cluster.endpoint, region=cluster.spec.region, access_key_id=key,
+        secret_access_key=secret, dsn=dsn, timeout=5.0), now=time.time)
+    ref = "type=g5.xlarge; target=tests.worker_tasks:slow"
+    port = free_port()
+    config = ControllerConfig(dsn=dsn, interval=0.3, scale_up_window=0.0, http_port=port,
+                              holder="e2e-full").validate()
+    stop, started = asyncio.Event(), asyncio.Event()
+    serving: asyncio.Task[None] | None = None
+    try:
+        cluster.wait_nodes(2)
+        await pools_q.create_pool(db, pool_spec(
+            "gpu", min_replicas=0, max_replicas=2, target_per_replica=1,
+            worker_cpu_milli=4000, worker_mem_mib=16384, orchestrator="native",
+            orchestrator_ref=ref))
+        serving = asyncio.create_task(serve(config, orchestrators={"native": orch},
+                                            stop=stop, started=started))
+        await asyncio.wait_for(started.wait(), 20)
+        await tasks_q.submit(db, "gpu", {"seconds": 0})
+        doc: dict[str, Any] = {}
+
+        async def refused_twice() -> bool:
+            nonlocal doc
+            async with httpx.AsyncClient() as http:
+                doc = (await http.get(f"http://127.0.0.1:{port}/status")).json()
+            refusals = [a for a in doc["scaleActions"] if a["outcome"] == "failed"
+                        and "InsufficientInstanceCapacity" in a["detail"]]
+            return len(refusals) >= 2
+        await eventually(refused_twice, timeout=30, every=0.2, what="two refused scale-ups")
+        assert doc["leader"] is True and not serving.done()
+        assert not (await orch.pool_state(PoolRef("gpu", ref))).instances
     finally:
         stop.set()
         if serving is not None:
