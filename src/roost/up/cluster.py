@@ -147,6 +147,9 @@ class ControllerComponent:
         native = NativeOrchestrator(NativeSettings(
             endpoint=self.gateway.gateway.endpoint, region=self.region, access_key_id=key,
             secret_access_key=secret, dsn=self.postgres.dsn,
+            # The controller bounds a whole adapter call (two or three EC2 calls) by
+            # io_timeout; each call gets a share, so a slow one fails as itself.
+            timeout=self.config.io_timeout / 2,
         ), now=clock.time)
         return {"native": native, "fake": FakeOrchestrator(now=clock.time)}
 
