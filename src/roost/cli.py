@@ -25,6 +25,7 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own.
+    from roost.bench.autoscale import autoscale
     from roost.bench.controller_tick import controller_tick
     from roost.bench.launch import launch
     from roost.bench.placement import placement_command as placement
@@ -37,7 +38,7 @@ def _register() -> None:
 
     for cmd in (up, node, gateway, status, controller, pools, db, worker, bench):
         main.add_command(cmd)
-    for cmd in (placement, vm_trace, launch, controller_tick):
+    for cmd in (placement, vm_trace, launch, autoscale, controller_tick):
         bench.add_command(cmd)
 
 
