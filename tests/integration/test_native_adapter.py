@@ -19,6 +19,7 @@ import pytest
 from roost.controller.adapters.native import (
     NativeOrchestrator,
     NativeSettings,
+    load_settings,
     parse_ref,
     removal_order,
     user_data,
@@ -243,3 +244,17 @@ async def test_a_replica_is_a_real_worker_named_by_its_instance(
         await orch.close()
         await db.close()
         cluster.stop()
+
+
+def test_settings_load_from_toml_with_keys_from_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "native.toml"
+    path.write_text('endpoint = "http://gw:8773"\nregion = "roost-1"\ntimeout = 4\n')
+    got = load_settings(path, dsn="postgresql://c@h/d",
+                        environ={"AWS_ACCESS_KEY_ID": "AKIAX", "AWS_SECRET_ACCESS_KEY": "s"})
+    assert (got.endpoint, got.region, got.access_key_id, got.secret_access_key, got.dsn,
+            got.timeout) == ("http://gw:8773", "roost-1", "AKIAX", "s", "postgresql://c@h/d", 4)
+    path.write_text('endpoint = "http://gw:8773"\n')
+    with pytest.raises(ValueError, match=r"native\.toml"):
+        load_settings(path, dsn="x", environ={})
+    with pytest.raises(ValueError, match="cannot read"):
+        load_settings(tmp_path / "missing.toml", dsn="x", environ={})

@@ -34,19 +34,35 @@ non-draining nodes big enough for one worker, with allocatable and used (allocat
 minus free) CPU and memory.
 
 botocore is synchronous, so each EC2 call runs in a thread under a timeout.
+
+**Settings** come from `roost up` (its own gateway, keys and Postgres) or, for a
+standalone controller, from a TOML file read by `load_settings` (the DSN defaults to the
+controller's own; the keys may come from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)::
+
+    endpoint = "http://gateway.internal:8773"
+    region = "roost-1"
+    access_key_id = "AKIA..."
+    secret_access_key = "..."
+    dsn = "postgresql://roost@db.internal/roost"   # what the workers connect to
+    python = "/opt/app/venv/bin/python"            # on the nodes
+    timeout = 5
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shlex
 import sys
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
 import httpx
+import msgspec
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
@@ -74,7 +90,6 @@ POOL_TAG = "roost:pool"
 PRIORITY_TAG = "roost:termination-priority"
 _LIVE_STATES = ("pending", "running")
 _REF_KEYS = frozenset({"type", "target", "concurrency", "app_dir", "revision"})
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +105,27 @@ class NativeSettings:
     image_id: str = DEFAULT_IMAGE_ID
     timeout: float = 10.0
     """Seconds for one EC2 or admin API call, connection included."""
+
+
+def load_settings(path: Path, *, dsn: str,
+                  environ: Mapping[str, str] | None = None) -> NativeSettings:
+    """`NativeSettings` from a TOML file, or ValueError naming what is wrong."""
+    env = os.environ if environ is None else environ
+    try:
+        doc = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    doc.setdefault("dsn", dsn)
+    for key, var in (("access_key_id", "AWS_ACCESS_KEY_ID"),
+                     ("secret_access_key", "AWS_SECRET_ACCESS_KEY")):
+        if key not in doc and var in env:
+            doc[key] = env[var]
+    try:
+        return msgspec.convert(doc, NativeSettings)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
