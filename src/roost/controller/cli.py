@@ -62,6 +62,8 @@ _HELP = {
     "static_config": "TOML file of the static orchestrator's pools.",
     "kubernetes_config": "TOML file of Kubernetes settings (kubeconfig, context, namespace, "
                          "...); serves the kubernetes orchestrator.",
+    "native_config": "TOML file of the native adapter (gateway endpoint and keys); serves "
+                     "pools that run on roost's own nodes.",
     "fake": "Serve the in-memory fake orchestrator (demos and tests only).",
     "migrate": "Apply schema migrations on start.",
 }

@@ -13,6 +13,7 @@ level or under ``[controller]``::
     memory_target_percent = 80
     static_config = "static-pools.toml"
     kubernetes_config = "kubernetes.toml"
+    native_config = "native.toml"
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     holder: str = ""
     static_config: str | None = None
     kubernetes_config: str | None = None
+    native_config: str | None = None
+    """TOML settings of the native adapter (gateway endpoint and keys, see
+    roost.controller.adapters.native); serves pools on roost's own nodes."""
     """A TOML file of Kubernetes settings (``roost.controller.adapters.k8s.config``);
     set, the controller serves the ``kubernetes`` orchestrator."""
     fake: bool = False
@@ -114,7 +118,7 @@ def load_file(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: [controller] must be a table")
     out = {k.replace("-", "_"): v for k, v in table.items()}
     # Paths in the file are relative to the file.
-    for key in ("static_config", "kubernetes_config"):
+    for key in ("static_config", "kubernetes_config", "native_config"):
         if isinstance(out.get(key), str) and not Path(out[key]).is_absolute():
             out[key] = str(path.parent / out[key])
     return out

@@ -44,6 +44,15 @@ def build_orchestrators(config: ControllerConfig, clock: Clock) -> dict[str, Orc
             out["kubernetes"] = KubernetesOrchestrator.from_settings(settings, now=clock.time)
         except ValueError as exc:
             raise SettingError(f"kubernetes_config: {exc}") from None
+    if config.native_config:
+        from roost.controller.adapters.native import NativeOrchestrator
+        from roost.controller.adapters.native import load_settings as load_native
+
+        try:
+            native = load_native(Path(config.native_config), dsn=config.dsn)
+        except ValueError as exc:
+            raise SettingError(f"native_config: {exc}") from None
+        out["native"] = NativeOrchestrator(native, now=clock.time)
     if config.fake:
         out["fake"] = FakeOrchestrator(now=clock.time)
     return out
