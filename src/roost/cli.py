@@ -31,12 +31,13 @@ def _register() -> None:
     from roost.bench.placement import placement_command as placement
     from roost.bench.vm_trace import vm_trace_command as vm_trace
     from roost.controller.cli import controller, db, pools
+    from roost.demo import demo
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, node, gateway, status, controller, pools, db, worker, bench):
+    for cmd in (up, demo, node, gateway, status, controller, pools, db, worker, bench):
         main.add_command(cmd)
     for cmd in (placement, vm_trace, launch, autoscale, controller_tick):
         bench.add_command(cmd)
