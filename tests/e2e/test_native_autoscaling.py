@@ -60,7 +60,7 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         secret_access_key=secret, dsn=dsn, timeout=5.0), now=time.time)
     ref = f"type=t3.small; target=tests.worker_tasks:slow; app_dir={ROOT}"
     pool = PoolRef("auto", ref)
-    config = ControllerConfig(dsn=dsn, interval=0.5, scale_up_window=0.0,
+    config = ControllerConfig(dsn=dsn, interval=0.5, scale_up_window=1.0,
                               scale_down_window=2.0, http_port=free_port(),
                               holder="e2e").validate()
     stop, started = asyncio.Event(), asyncio.Event()
@@ -68,15 +68,15 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
     try:
         cluster.wait_nodes(3)
         await pools_q.create_pool(db, pool_spec(
-            "auto", min_replicas=0, max_replicas=3, target_per_replica=2,
+            "auto", min_replicas=0, max_replicas=6, target_per_replica=2,
             worker_cpu_milli=2000, worker_mem_mib=2048, orchestrator="native",
             orchestrator_ref=ref))
         serving = asyncio.create_task(serve(config, orchestrators={"native": orch},
                                             stop=stop, started=started))
         await asyncio.wait_for(started.wait(), 20)
         log = tmp_path / "tasks.log"
-        ids = [(await tasks_q.submit(db, "auto", {"seconds": 0.3, "log": str(log)},
-                                     idempotency_key=f"k{i}")).task_id for i in range(12)]
+        ids = [(await tasks_q.submit(db, "auto", {"seconds": 0.05, "log": str(log)},
+                                     idempotency_key=f"k{i}")).task_id for i in range(300)]
 
         peak, nodes_used = 0, set()
 
@@ -93,7 +93,7 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
             return bool(done == len(ids))
         await eventually(all_done, timeout=60, every=0.2, what="every task to finish")
         print(f"peak replicas {peak} on nodes {sorted(nodes_used)}")
-        assert peak >= 2 and len(nodes_used) >= 2, (peak, nodes_used)
+        assert peak >= 3 and len(nodes_used) >= 2, (peak, nodes_used)
 
         starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
         assert sorted(int(s.split()[1].split("=")[1]) for s in starts) == sorted(ids)
