@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from roost.decide.workload import (
     Demand,
@@ -29,6 +29,8 @@ from roost.decide.workload import (
 from roost.domain.catalog import InstanceType
 from roost.domain.fit import FreeCapacity, GpuAssignment, assign_gpus, fits, gpu_choices, take
 from roost.domain.resources import GPU_MILLI, Resources
+
+M = TypeVar("M")
 
 _RoostMeasures = tuple[GpuFragmentation, UsableCapacity, UsableResources]
 
@@ -154,6 +156,29 @@ def _fgd_artifact_score(drop: float) -> int:
     return int(sig * 100)
 
 
+
+class _Measures(Generic[M]):
+    """A policy's measures: built once from the given workload, or, without one, per
+    request shape (the request is then its own workload), with a bounded cache."""
+
+    _MAX_SHAPES = 256
+
+    def __init__(self, workload: Workload | None, build: Callable[[Workload], M]) -> None:
+        self._build = build
+        self._fixed = None if workload is None else build(workload)
+        self._by_request: dict[Demand, M] = {}
+
+    def for_request(self, itype: InstanceType) -> M:
+        if self._fixed is not None:
+            return self._fixed
+        demand = Demand.of(itype)
+        found = self._by_request.get(demand)
+        if found is None:
+            if len(self._by_request) > self._MAX_SHAPES:
+                self._by_request.clear()
+            found = self._by_request[demand] = self._build(Workload.of(itype))
+        return found
+
 class FgdPolicy:
     """Fragmentation gradient descent (Weng et al., ATC'23), as published.
 
@@ -182,22 +207,13 @@ class FgdPolicy:
         self.name = name
         self.coverage = coverage
         self.exact = exact
-        self._measure = None if workload is None else self._build(workload)
-        self._by_request: dict[Demand, GpuFragmentation] = {}
+        self._measures = _Measures(workload, self._build)
 
     def _build(self, workload: Workload) -> GpuFragmentation:
         return GpuFragmentation(workload.typical(self.coverage))
 
     def measure_for(self, itype: InstanceType) -> GpuFragmentation:
-        if self._measure is not None:
-            return self._measure
-        demand = Demand.of(itype)
-        measure = self._by_request.get(demand)
-        if measure is None:
-            if len(self._by_request) > 256:
-                self._by_request.clear()
-            measure = self._by_request[demand] = self._build(Workload.of(itype))
-        return measure
+        return self._measures.for_request(itype)
 
     def choose(self, node: NodeView, itype: InstanceType) -> Choice | None:
         free = node.free
@@ -255,8 +271,7 @@ class RoostPolicy:
 
     def __init__(self, workload: Workload | None = None, *, name: str = "roost") -> None:
         self.name = name
-        self._measures = None if workload is None else self._build(workload)
-        self._by_request: dict[Demand, _RoostMeasures] = {}
+        self._measures = _Measures(workload, self._build)
 
     @staticmethod
     def _build(workload: Workload) -> _RoostMeasures:
@@ -264,15 +279,7 @@ class RoostPolicy:
                 UsableResources(workload))
 
     def _measures_for(self, itype: InstanceType) -> _RoostMeasures:
-        if self._measures is not None:
-            return self._measures
-        demand = Demand.of(itype)
-        found = self._by_request.get(demand)
-        if found is None:
-            if len(self._by_request) > 256:
-                self._by_request.clear()
-            found = self._by_request[demand] = self._build(Workload.of(itype))
-        return found
+        return self._measures.for_request(itype)
 
     def choose(self, node: NodeView, itype: InstanceType) -> Choice | None:
         free = node.free
