@@ -127,7 +127,6 @@ class NodeAgent:
             await self._move(rec.instance_id, target, reason="Server.InstanceProcessGone",
                              note="the instance's process was gone when the node agent restarted",
                              announce=False)
-            self.ledger.release(rec.instance_id)
 
     async def drain(self) -> None:
         """Stop advertising and refuse new launches; running instances keep running."""
@@ -177,7 +176,14 @@ class NodeAgent:
             updated_at=now_iso(), **changes,
         )
         self._records[instance_id] = rec
+        # In the same step as the state change, with no await between: a describe must
+        # never see a stopped or terminated instance whose room is still held.
+        released = not target.holds_capacity and self.ledger.release(instance_id)
         self.state.put(rec)
+        if released and self._subs is not None:
+            # Advertise the room before announcing the state, so a client that saw the
+            # instance stop and launches again finds the room already offered.
+            await self._changed()
         if announce and self._kv is not None:
             await self._kv.put(instance_id, s.encode(rec))
         return rec
@@ -298,8 +304,6 @@ class NodeAgent:
             log.error("node %s: %s failed to start: %s", self.node_id, instance_id, exc)
             await self._move(instance_id, St.STOPPED, reason="Server.InternalError",
                              note=f"failed to start: {exc}")
-            self.ledger.release(instance_id)
-            await self._changed()
             return
         self.state.set_process(instance_id, ref)
         if St(self._records[instance_id].state) is St.PENDING:
@@ -311,8 +315,6 @@ class NodeAgent:
             return  # a stop or terminate is already moving it
         await self._move(instance_id, St.STOPPED, reason="Client.InstanceInitiatedShutdown",
                          note=f"process exited with {code}", exit_code=code)
-        self.ledger.release(instance_id)
-        await self._changed()
 
     # --- lifecycle commands -------------------------------------------------------------
 
@@ -378,9 +380,7 @@ class NodeAgent:
         current = St(self._records[instance_id].state)
         if current is target or target not in TRANSITIONS[current]:
             return  # a terminate overtook a stop; its own task finishes the move
-        await self._move(instance_id, target, reason=reason)
-        if self.ledger.release(instance_id):
-            await self._changed()
+        await self._move(instance_id, target, reason=reason)  # gives the room back
 
     async def _start(self, instance_id: str, before: InstanceState) -> s.InstanceRecord | None:
         if before in (St.PENDING, St.RUNNING):
