@@ -3,6 +3,7 @@ happens to be running on the machine. Each fixture stops what it started by pid.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -35,11 +36,26 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
         cluster.stop()
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """One Postgres for the session; each test gets its own database (see `pg_dsn`)."""
-    # Not under pytest's basetemp: pytest prunes the oldest numbered basetemps when a
-    # newer session starts, which would delete a running server's data directory.
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A fresh directory outside pytest's basetemp, for a roost that starts its own
+    Postgres. When we are root, Postgres runs as another user and must traverse every
+    parent; a pytest session starting meanwhile makes /tmp/pytest-of-<user> 0700 again."""
+    base = Path(tempfile.mkdtemp(prefix="roost-test-"))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def fresh_postgres() -> Iterator[PostgresServer]:
+    """A Postgres of its own, stopped by pid and removed afterwards.
+
+    Not under pytest's basetemp: pytest prunes the oldest numbered basetemps when a newer
+    session starts, and makes /tmp/pytest-of-<user> 0700 again, which a server running as
+    another user (we may be root) cannot traverse.
+    """
     base = Path(tempfile.mkdtemp(prefix="roost-test-pg-"))
     server = PostgresServer(base_dir=base, durable=False).start()
     try:
@@ -47,6 +63,13 @@ def postgres_server() -> Iterator[PostgresServer]:
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One Postgres for the session; each test gets its own database (see `pg_dsn`)."""
+    with fresh_postgres() as server:
+        yield server
 
 
 @pytest.fixture

@@ -31,13 +31,14 @@ def _marked(marker: str) -> list[int]:
     return found
 
 
-def test_roost_demo_runs_every_task_once_and_scales_back_down(tmp_path: Path) -> None:
+def test_roost_demo_runs_every_task_once_and_scales_back_down(
+        tmp_path: Path, outside_tmp: Path) -> None:
     marker = f"ROOST_DEMO_TEST={uuid.uuid4().hex}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1],
            "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "roost", "demo", "--tasks", "12", "--task-seconds", "0.2",
-         "--timeout", "100", "--no-live", "--data-dir", str(tmp_path / "demo")],
+         "--timeout", "100", "--no-live", "--data-dir", str(outside_tmp / "demo")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     try:
         out, _ = proc.communicate(timeout=120)

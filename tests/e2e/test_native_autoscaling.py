@@ -5,8 +5,6 @@ every task once, and the pool drains back to zero."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +17,11 @@ from roost.controller.adapters import NativeOrchestrator, NativeSettings
 from roost.controller.config import ControllerConfig
 from roost.controller.orchestrator import PoolRef
 from roost.controller.service import serve
-from roost.embedded import PostgresServer
 from roost.embedded.proc import free_port
 from roost.store import pools as pools_q
 from roost.store import tasks as tasks_q
 from roost.up.cluster import ClusterSpec, new_credentials
+from tests.conftest import fresh_postgres
 from tests.e2e.conftest import ThreadedCluster
 from tests.integration.test_controller_helpers import open_db, pool_spec
 from tests.integration.worker_helpers import eventually
@@ -33,14 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def own_postgres() -> Iterator[str]:
-    """Outside pytest's temp root, which another pytest session may make 0700."""
-    base = Path(tempfile.mkdtemp(prefix="roost-e2e-pg-"))
-    server = PostgresServer(base_dir=base, durable=False).start()
-    try:
+    """A Postgres for this module's roost alone."""
+    with fresh_postgres() as server:
         yield server.dsn
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(

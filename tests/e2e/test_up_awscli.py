@@ -31,13 +31,15 @@ def read_until(proc: subprocess.Popen[bytes], log: Path, marker: str,
 
 
 @pytest.fixture
-def roost_up(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
+def roost_up(
+    tmp_path: Path, outside_tmp: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, str]]:
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from roost.up.cli import up; up()", "--nodes", "3",
              "--driver", "sim", "--node-capacity", "4vcpu,8GiB", "--port", "0",
-             "--nats-port", "0", "--data-dir", str(tmp_path / "up")],
+             "--nats-port", "0", "--data-dir", str(outside_tmp / "up")],
             stdout=out, stderr=subprocess.STDOUT,
         )
     try:

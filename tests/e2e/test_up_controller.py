@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +26,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_roost_up_runs_a_leading_controller_on_its_postgres(tmp_path: Path) -> None:
+def test_roost_up_runs_a_leading_controller_on_its_postgres(
+    tmp_path: Path, outside_tmp: Path
+) -> None:
     log = tmp_path / "up.log"
-    # Not under pytest's temp root: Postgres runs as another user when we are root, and
-    # any pytest session starting meanwhile makes /tmp/pytest-of-<user> 0700 again.
-    data = Path(tempfile.mkdtemp(prefix="roost-up-"))
+    data = outside_tmp / "up"
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -76,4 +74,3 @@ def test_roost_up_runs_a_leading_controller_on_its_postgres(tmp_path: Path) -> N
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-        shutil.rmtree(data, ignore_errors=True)

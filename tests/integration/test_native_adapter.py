@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -30,10 +28,10 @@ from roost.controller.orchestrator import (
     ScaleResult,
     UnknownPool,
 )
-from roost.embedded import PostgresServer
 from roost.store import pools as pools_q
 from roost.store import tasks as tasks_q
 from roost.up.cluster import ClusterSpec, new_credentials
+from tests.conftest import fresh_postgres
 from tests.e2e.conftest import ThreadedCluster, make_cluster
 from tests.integration.test_controller_helpers import open_db, pool_spec
 from tests.integration.worker_helpers import eventually, task_row
@@ -55,15 +53,9 @@ def native_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Threade
 
 @pytest.fixture(scope="module")
 def own_postgres() -> Iterator[str]:
-    """A Postgres outside pytest's temp root: it runs as another user when we are root,
-    and any pytest session that starts meanwhile makes /tmp/pytest-of-<user> 0700."""
-    base = Path(tempfile.mkdtemp(prefix="roost-native-pg-"))
-    server = PostgresServer(base_dir=base, durable=False).start()
-    try:
+    """A Postgres for this module's roost alone."""
+    with fresh_postgres() as server:
         yield server.dsn
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _settings(cluster: ThreadedCluster, endpoint: str) -> NativeSettings:
