@@ -171,6 +171,57 @@ async def test_no_responders_is_insufficient_capacity_at_once(gateway: Gateway) 
     assert time.monotonic() - started < 1.0
 
 
+async def willing_node(gw: Gateway, bus: Client, free_cpu: int) -> ScriptedNode:
+    """One node, n1, that launches whatever it is sent, once the gateway sees it."""
+    node = ScriptedNode(bus, "n1", free_cpu=free_cpu, on_launch=lambda r: "ok")
+    await node.start()
+    await until_live(gw, 1)
+    return node
+
+
+async def set_room(gw: Gateway, node: ScriptedNode, free_cpu: int, seq: int) -> None:
+    """The node's room changes and it says so; wait until the gateway's view agrees."""
+    node.free_cpu = free_cpu
+    await node.publish(seq)
+    assert gw.service is not None
+    micro = gw.service.types.all()["t3.micro"]
+    for _ in range(200):
+        if gw.service.view.says_full(micro) is (free_cpu < micro.cpu_milli):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the view never saw {node.node_id} with {free_cpu} milli free")
+
+
+async def test_a_view_where_every_node_is_full_answers_without_asking(
+    gateway: Gateway, bus: Client
+) -> None:
+    node = await willing_node(gateway, bus, free_cpu=0)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 500 and "InsufficientInstanceCapacity" in resp.text
+    assert node.launches == [] and attempts(gateway) == {("view", "full"): 1}
+
+    await set_room(gateway, node, 4000, seq=2)  # its room comes back, and it says so
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert len(node.launches) == 1
+
+
+async def test_a_used_token_is_replayed_even_once_the_cluster_is_full(
+    gateway: Gateway, bus: Client
+) -> None:
+    node = await willing_node(gateway, bus, free_cpu=2000)
+    first = await post(gateway, RUN + "&ClientToken=tok-1")
+    assert first.status_code == 200, first.text
+    await set_room(gateway, node, 0, seq=2)
+    again = await post(gateway, RUN + "&ClientToken=tok-1")
+    assert again.status_code == 200, again.text
+    rid = first.text.split("<reservationId>")[1].split("<")[0]
+    assert f"<reservationId>{rid}</reservationId>" in again.text
+    other = await post(gateway, RUN + "&ClientToken=tok-2")
+    assert other.status_code == 500 and "InsufficientInstanceCapacity" in other.text
+    assert len(node.launches) == 1
+
+
 async def test_client_token_of_a_dead_gateway_is_taken_over(
     gateway: Gateway, bus: Client,
 ) -> None:

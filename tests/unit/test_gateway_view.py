@@ -71,10 +71,11 @@ class Clock:
 
 def snap(node: str, seq: int, *, cpu: int = 8000, boot: str = "b1", sent: float = 0.0,
          **kw: Any) -> CapacitySnapshot:
+    kw = {"draining": False, "fit": {"t3.micro": cpu // 2000}, **kw}
     return CapacitySnapshot(node_id=node, boot_id=boot, seq=seq, availability_zone="roost-1a",
-                            draining=False, alloc_cpu_milli=8000, alloc_mem_mib=32768,
+                            alloc_cpu_milli=8000, alloc_mem_mib=32768,
                             free_cpu_milli=cpu, free_mem_mib=32768, heartbeat_seconds=1.0,
-                            sent_at=sent, fit={"t3.micro": cpu // 2000}, **kw)
+                            sent_at=sent, **kw)
 
 
 def test_snapshots_are_ordered_by_seq_within_a_boot() -> None:
@@ -119,3 +120,33 @@ def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> Non
     assert view.nodes()[0].free.resources.cpu_milli == 4000
     view.apply(snap("n1", 4, cpu=6000, sent=12.0))
     assert view.nodes()[0].free.resources.cpu_milli == 6000
+
+
+def test_the_view_says_full_only_on_every_live_nodes_own_word() -> None:
+    clock = Clock()
+    view = CapacityView(clock)
+    micro = BUILTIN["t3.micro"]
+    assert not view.says_full(micro)  # an empty view knows nothing
+    view.apply(snap("n1", 1, cpu=0))
+    assert view.says_full(micro)
+    assert view.says_full(micro, "roost-1a") and not view.says_full(micro, "roost-1b")
+    view.apply(snap("n2", 1, cpu=2000))
+    assert not view.says_full(micro)  # n2 fits one
+    view.settle(view.hold("n2", micro), launched=True)  # held, but n2 has not said so
+    assert not view.says_full(micro)
+    view.apply(snap("n2", 2, cpu=0))
+    assert view.says_full(micro)
+    view.apply(snap("n3", 1, cpu=8000, draining=True, fit={}))  # draining: refuses all
+    assert view.says_full(micro)
+    assert view.says_full(BUILTIN["m7i.large"])  # a type no node lists fits nowhere
+
+    clock.now += 2.0
+    view.apply(snap("n1", 2, cpu=0))
+    view.apply(snap("n3", 2, cpu=8000, draining=True, fit={}))
+    clock.now += 1.5  # n2 has gone quiet: it may still be subscribed, so ask the bus
+    assert [n.node_id for n in view.nodes()] == ["n1", "n3"]
+    assert not view.says_full(micro)
+    clock.now += 61  # ...until it is forgotten
+    view.apply(snap("n1", 3, cpu=0))
+    view.apply(snap("n3", 3, cpu=8000, draining=True, fit={}))
+    assert view.says_full(micro)

@@ -2,8 +2,13 @@
 
 Nodes push a `CapacitySnapshot` on every change and as a heartbeat, so the launch path
 reads this view and never asks the nodes. The view is advice: a node re-checks under
-its own lock, and anycast remains the fallback, so a stale view costs a retry, never a
-wrong InsufficientInstanceCapacity.
+its own lock, and anycast remains the fallback, so a stale view costs a retry.
+
+The one answer the view gives on its own is a full cluster (`says_full`): when every
+live node's last snapshot says it cannot fit one more of a type, the gateway answers
+InsufficientInstanceCapacity at once, without a bus round trip. Nodes advertise room
+(subscribe) before they announce it (snapshot), so this answer can lag a release by
+one snapshot's delivery, as the anycast answer lags it by one SUB's.
 
 Launches in flight are subtracted as holds. A hold for a launch that succeeded stays
 until a snapshot the node sent after the launch (by the node's own clock: ``sent_at``
@@ -119,6 +124,29 @@ class CapacityView:
             alloc = Resources(n.snap.alloc_cpu_milli, n.snap.alloc_mem_mib)
             out.append(NodeView(node_id, alloc, free, draining=n.snap.draining))
         return out
+
+    def says_full(self, itype: InstanceType, zone: str = "") -> bool:
+        """Every node in the view has told us it cannot fit one more ``itype``.
+
+        True only when the view is complete as far as the gateway can know: at least one
+        live node (in ``zone``, if given), no remembered node that has gone quiet (it may
+        still be subscribed), and each live node's own last word, its snapshot's fit
+        count, is zero. Launches in flight are not counted against the nodes here: a
+        hold is this gateway's guess, and a guess must never turn into a capacity error.
+        """
+        now = self._clock()
+        seen = False
+        for n in self._nodes.values():
+            if now - n.seen_at > FORGET_AFTER:
+                continue
+            if not self._live(n, now):
+                return False
+            if zone and n.snap.availability_zone != zone:
+                continue
+            if not n.snap.draining and n.snap.fit.get(itype.name, 0) > 0:
+                return False
+            seen = True
+        return seen
 
     def status(self) -> list[NodeStatus]:
         now = self._clock()

@@ -5,6 +5,8 @@ best candidate, and on "no capacity" (a race the node lost) record the attempt a
 the next, up to ``max_attempts``. Then fall back to anycast, where NATS offers the
 launch only to nodes subscribed to the type, i.e. nodes that fit one more. No responders
 there is the cluster's answer: InsufficientInstanceCapacity, with every attempt listed.
+When every node's own last snapshot already says it cannot fit one more, that answer
+is given at once, before any node is asked (`CapacityView.says_full`).
 
 A timeout is never read as "no capacity": the node may have launched. The launch id is
 looked up across the nodes first, and only if nobody holds it does placement move on.
@@ -35,6 +37,7 @@ from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders
 log = logging.getLogger(__name__)
 
 ANYCAST = "*"
+VIEW = "view"  # the answer came from the capacity view, no node was asked
 PARALLEL_LAUNCHES = 32
 """Launches of one request in flight at once: enough to span nodes, few enough that a
 MaxCount of hundreds does not flood the bus."""
@@ -84,7 +87,7 @@ class Launcher:
         self._rng = rng or random.Random()
 
     def _count(self, outcome: str, node_id: str) -> None:
-        route = "anycast" if node_id == ANYCAST else "node"
+        route = {ANYCAST: "anycast", VIEW: "view"}.get(node_id, "node")
         self._metrics.placement_attempts.labels(self._policy.policy, route, outcome).inc()
 
     async def _reconcile(self, launch_id: str) -> InstanceRecord | None:
@@ -163,6 +166,22 @@ class Launcher:
             f"({describe_attempts(attempts)})."
         )
 
+    def says_full(self, itype: InstanceType, zone: str = "") -> bool:
+        """Every node has already said it cannot fit one more ``itype`` (see
+        `CapacityView.says_full`). The `anycast` policy never asks the view."""
+        return self._policy.policy != "anycast" and self._view.says_full(itype, zone)
+
+    def refuse_if_full(self, itype: InstanceType, zone: str = "") -> None:
+        """Raise the full cluster's answer, at once, if `says_full`."""
+        if not self.says_full(itype, zone):
+            return
+        self._count("full", VIEW)
+        where = f" in {zone}" if zone else ""
+        raise InsufficientInstanceCapacity(
+            f"Insufficient capacity for {itype.name}{where}: every node reports that it "
+            f"cannot fit one more."
+        )
+
     async def launch_one(
         self, req: LaunchRequest, itype: InstanceType, *, zone: str = "",
         reconcile_first: bool = False,
@@ -175,6 +194,7 @@ class Launcher:
         if reconcile_first and (found := await self._reconcile(req.launch_id)) is not None:
             return found
         attempts: list[Attempt] = []
+        self.refuse_if_full(itype, zone)
         if self._policy.policy != "anycast":
             found = await self._targeted(req, itype, zone, attempts)
             if found is not None:

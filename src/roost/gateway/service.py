@@ -107,6 +107,17 @@ class Ec2Service:
 
     async def run_instances(self, req: RunInstancesRequest) -> Reservation:
         itype = await self._validate(req)
+        zone = req.availability_zone
+        if self.launcher.says_full(itype, zone) and not (
+                req.client_token and await self.tokens.known(owner_id=self.site.owner_id,
+                                                             token=req.client_token)):
+            # A full cluster answers before a token is claimed (and released again); a
+            # token already used goes the whole way, so its reservation is replayed.
+            try:
+                self.launcher.refuse_if_full(itype, zone)
+            except InsufficientInstanceCapacity:
+                self.metrics.launches.labels("insufficient_capacity").inc(req.min_count)
+                raise
         claim: Claim | None = None
         rid = new_reservation_id()
         fp = fingerprint(req.fingerprint())

@@ -131,6 +131,17 @@ class TokenStore:
         log.warning("taking over ClientToken claim for reservation %s", cur.reservation_id)
         return Claim(key, cur.reservation_id, rev, takeover=True)
 
+    async def known(self, *, owner_id: str, token: str) -> bool:
+        """Whether a request has used this token (an unreachable store counts as yes,
+        so the caller takes the path that reports it)."""
+        try:
+            await self._kv.get(token_key(owner_id, token))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return False
+        except _KV_DOWN:
+            return True
+        return True
+
     async def finish(self, claim: Claim, *, fingerprint: str, owner_id: str,
                      instances: list[InstanceRecord]) -> None:
         entry = TokenEntry(state="done", fingerprint=fingerprint,
