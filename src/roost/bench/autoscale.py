@@ -595,7 +595,8 @@ def _markdown(doc: dict[str, Any]) -> str:
               help="roost's controller tick, seconds.")
 @click.option("--up-window", type=float, default=30.0, show_default=True,
               help="roost's PlanSettings.scale_up_window.")
-@click.option("--down-window", type=float, default=300.0, show_default=True,
+@click.option("--down-window", type=float, default=PlanSettings().scale_down_window,
+              show_default=True,
               help="roost's PlanSettings.scale_down_window.")
 @click.option("--slo-seconds", type=float, default=5.0, show_default=True,
               help="A minute meets the SLO when its tasks' p99 queue wait is at most this.")

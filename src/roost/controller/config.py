@@ -9,7 +9,7 @@ level or under ``[controller]``::
     dsn = "postgresql://postgres@127.0.0.1:5432/postgres"
     interval = 10
     scale_up_window = 30
-    scale_down_window = 300
+    scale_down_window = 60
     memory_target_percent = 80
     static_config = "static-pools.toml"
     kubernetes_config = "kubernetes.toml"
@@ -38,7 +38,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     interval: float = 10.0
     scale_up_window: float = 30.0
-    scale_down_window: float = 300.0
+    scale_down_window: float = PlanSettings().scale_down_window
     drain_timeout: float = 600.0
     memory_target_percent: float = 80.0
     memory_hard_percent: float = 90.0

@@ -152,7 +152,9 @@ class PlanSettings:
     """Every knob of the plan. Durations in seconds, percents in 0..100."""
 
     scale_up_window: float = 30.0
-    scale_down_window: float = 300.0
+    scale_down_window: float = 60.0
+    """Shorter than HPA's 300 s, since a scale-down removes only a drained worker, one at
+    a time, with the queue empty: an early one costs a restart later, never work."""
     drain_timeout: float = 600.0
     memory_target_percent: float = 80.0
     memory_hard_percent: float = 90.0
