@@ -58,3 +58,21 @@ def test_double_allocate_and_release_are_idempotent() -> None:
     assert ledger.allocate("i-1", BUILTIN["m7i.large"]) == a
     assert ledger.release("i-1") and not ledger.release("i-1")
     assert ledger.free == HOST.empty()
+
+
+def test_the_gateways_device_choice_is_followed_when_it_still_holds() -> None:
+    ledger = Ledger(HOST, BUILTIN)
+    quarter, half = BUILTIN["gs1.quarter"], BUILTIN["gs1.half"]
+    assert ledger.allocate("i-1", quarter).gpus == ((0, 250),)  # no hint: best fit
+    # Best fit would put the next quarter beside the first (device 0, 750 free); the
+    # placement chose device 1, and device 1 can hold it.
+    assert ledger.allocate("i-2", quarter, devices=[1]).gpus == ((1, 250),)
+    ledger.allocate("i-3", BUILTIN["gs1.half"], devices=[1])
+    # Device 1 has 250 left: a half there can't fit, so the node picks its own (0).
+    assert ledger.allocate("i-4", half, devices=[1]).gpus == ((0, 500),)
+    # Hints that make no sense for the type are ignored, never trusted.
+    for i, bad in enumerate(([7], [0, 1], [-1])):
+        alloc = ledger.allocate(f"i-x{i}", BUILTIN["gs1.eighth"], devices=bad)
+        assert alloc is not None and alloc.gpus[0][0] in (0, 1)
+        ledger.release(f"i-x{i}")
+    assert ledger.allocate("i-5", BUILTIN["g5.xlarge"], devices=[1]) is None  # no whole GPU

@@ -35,6 +35,9 @@ class LaunchRequest(Msg):
     client_token: str = ""
     owner_id: str = ""
     ami_launch_index: int = 0
+    gpu_devices: list[int] = []
+    """GPU devices the gateway's placement chose on the target node: a hint the node
+    follows if they still hold the type, else it picks its own."""
 
 
 class InstanceRecord(Msg):

@@ -7,6 +7,7 @@ will accept (races aside).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from roost.domain.catalog import InstanceType
@@ -58,6 +59,24 @@ def assign_gpus(cap: FreeCapacity, itype: InstanceType) -> GpuAssignment | None:
         _, best = min(candidates)
         return ((best, itype.gpu_milli),)
     return ()
+
+
+def assignment_on(
+    cap: FreeCapacity, itype: InstanceType, devices: Sequence[int]
+) -> GpuAssignment | None:
+    """``itype``'s GPU ask met on exactly ``devices`` (as a placement chose them), or None
+    if those devices can't hold it now: wrong count, repeated, out of range, wrong model,
+    or too little free milli."""
+    want = itype.gpu_count or (1 if itype.gpu_milli else 0)
+    milli = GPU_MILLI if itype.gpu_count else itype.gpu_milli
+    if len(devices) != want or len(set(devices)) != want:
+        return None
+    for i in devices:
+        if not 0 <= i < len(cap.gpu_free) or cap.gpu_free[i] < milli:
+            return None
+        if not _model_ok(cap, i, itype):
+            return None
+    return tuple((i, milli) for i in devices)
 
 
 def gpu_choices(cap: FreeCapacity, itype: InstanceType) -> list[GpuAssignment]:

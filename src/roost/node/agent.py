@@ -267,7 +267,7 @@ class NodeAgent:
         if image is None:
             return refuse("bad_request", f"unknown image {req.image_id!r}")
         instance_id = new_instance_id()
-        alloc = self.ledger.allocate(instance_id, itype)
+        alloc = self.ledger.allocate(instance_id, itype, req.gpu_devices)
         if alloc is None:
             return refuse("no_capacity", f"node {self.node_id} can't fit {itype.name}")
         now = now_iso()

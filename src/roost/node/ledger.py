@@ -9,10 +9,19 @@ releases concurrently.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from roost.domain.catalog import Catalog, InstanceType
-from roost.domain.fit import FreeCapacity, GpuAssignment, assign_gpus, fit_count, give, take
+from roost.domain.fit import (
+    FreeCapacity,
+    GpuAssignment,
+    assign_gpus,
+    assignment_on,
+    fit_count,
+    give,
+    take,
+)
 from roost.domain.host import HostCapacity
 
 
@@ -40,18 +49,24 @@ class Ledger:
         with self._lock:
             return dict(self._allocs)
 
-    def allocate(self, instance_id: str, itype: InstanceType) -> Allocation | None:
+    def allocate(
+        self, instance_id: str, itype: InstanceType, devices: Sequence[int] = ()
+    ) -> Allocation | None:
         """Commit ``itype`` for ``instance_id`` if it fits; None if it doesn't.
 
-        Allocating an id that already holds an allocation returns that allocation: a
-        repeated launch must not take capacity twice.
+        ``devices`` are the GPUs the gateway's placement chose: used if they still hold
+        the ask, else the node picks its own (best fit). Allocating an id that already
+        holds an allocation returns that allocation: a repeated launch must not take
+        capacity twice.
         """
         with self._lock:
             if instance_id in self._allocs:
                 return self._allocs[instance_id]
             if not self._free.resources.covers(itype.resources):
                 return None
-            gpus = assign_gpus(self._free, itype)
+            gpus = assignment_on(self._free, itype, devices) if devices else None
+            if gpus is None:
+                gpus = assign_gpus(self._free, itype)
             if gpus is None:
                 return None
             alloc = Allocation(instance_id, itype, gpus)
