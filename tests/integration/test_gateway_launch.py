@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import key_value
+from roost.decide.placement import DEFAULT_POLICY, placements
 from roost.embedded import NatsServer
 from roost.gateway.requests import RunInstancesRequest
 from roost.gateway.server import Gateway, GatewayConfig
@@ -31,8 +32,9 @@ class ScriptedNode:
     """A node that speaks the contract and does what the test says, on real NATS."""
 
     def __init__(self, nc: Client, node_id: str, *, free_cpu: int,
-                 on_launch: Callable[[s.LaunchRequest], str | None]) -> None:
-        self.nc, self.node_id, self.free_cpu = nc, node_id, free_cpu
+                 on_launch: Callable[[s.LaunchRequest], str | None],
+                 gpu_free: tuple[int, ...] = ()) -> None:
+        self.nc, self.node_id, self.free_cpu, self.gpu_free = nc, node_id, free_cpu, gpu_free
         self.on_launch = on_launch  # "ok", "no_capacity", or None (stay silent)
         self.launches: list[s.LaunchRequest] = []
         self.held: dict[str, s.InstanceRecord] = {}
@@ -55,7 +57,10 @@ class ScriptedNode:
             node_id=self.node_id, boot_id="b", seq=seq, availability_zone="roost-1a",
             draining=False, alloc_cpu_milli=16000, alloc_mem_mib=65536,
             free_cpu_milli=self.free_cpu, free_mem_mib=65536, heartbeat_seconds=30.0,
-            sent_at=time.time(), fit={"t3.micro": self.free_cpu // 2000})
+            sent_at=time.time(),
+            fit={"t3.micro": self.free_cpu // 2000,
+                 "gs1.quarter": sum(f // 250 for f in self.gpu_free)},
+            gpu_free=list(self.gpu_free), gpu_models=["A10G"] * len(self.gpu_free))
         await self.nc.publish(subjects.capacity(self.node_id), s.encode(snap))
 
     async def _launch(self, msg: Msg) -> None:
@@ -220,6 +225,22 @@ async def test_a_used_token_is_replayed_even_once_the_cluster_is_full(
     other = await post(gateway, RUN + "&ClientToken=tok-2")
     assert other.status_code == 500 and "InsufficientInstanceCapacity" in other.text
     assert len(node.launches) == 1
+
+
+async def test_the_policys_gpu_device_choice_travels_with_the_launch(
+    gateway: Gateway, bus: Client
+) -> None:
+    node = ScriptedNode(bus, "g1", free_cpu=16000, on_launch=lambda r: "ok",
+                        gpu_free=(1000, 750, 1000, 500))
+    await node.start()
+    await until_live(gateway, 1)
+    assert gateway.service is not None
+    quarter = gateway.service.types.all()["gs1.quarter"]
+    [best, *_] = placements(gateway.service.view.nodes(), quarter, policy=DEFAULT_POLICY)
+    resp = await post(gateway, RUN.replace("t3.micro", "gs1.quarter"))
+    assert resp.status_code == 200, resp.text
+    [req] = node.launches
+    assert req.gpu_devices == [i for i, _ in best.gpus] and len(req.gpu_devices) == 1
 
 
 async def test_client_token_of_a_dead_gateway_is_taken_over(

@@ -318,7 +318,7 @@ class RoostPolicy:
 
 SCORED: dict[str, Scorer] = {"pack": pack_score, "spread": spread_score, "dotprod": dotprod_score}
 POLICIES = ("anycast", "spread", "pack", "dotprod", "fgd", "roost")
-DEFAULT_POLICY = "pack"
+DEFAULT_POLICY = "roost"
 
 
 @lru_cache(maxsize=64)

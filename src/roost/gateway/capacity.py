@@ -20,13 +20,13 @@ timeout) stays until the next snapshot. So the view may briefly count an instanc
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from roost.bus.schemas import CapacitySnapshot
 from roost.decide.placement import NodeView
 from roost.domain.catalog import InstanceType
-from roost.domain.fit import FreeCapacity, assign_gpus, take
+from roost.domain.fit import FreeCapacity, assign_gpus, assignment_on, take
 from roost.domain.resources import Resources
 
 Clock = Callable[[], float]
@@ -38,12 +38,20 @@ FORGET_AFTER = 60.0
 """...and after this many seconds it leaves the view (and the admin API) altogether."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A launch in flight against a node: its type and the devices placement chose."""
+
+    itype: InstanceType
+    devices: tuple[int, ...] = ()
+
+
 @dataclass(slots=True)
 class _Node:
     snap: CapacitySnapshot
     seen_at: float
-    inflight: dict[int, InstanceType] = field(default_factory=dict)
-    settling: dict[int, tuple[InstanceType, float | None]] = field(default_factory=dict)
+    inflight: dict[int, _Held] = field(default_factory=dict)
+    settling: dict[int, tuple[_Held, float | None]] = field(default_factory=dict)
 
     def clear_settled(self) -> None:
         """Drop holds the current snapshot already covers."""
@@ -75,9 +83,10 @@ def _free(snap: CapacitySnapshot) -> FreeCapacity:
     )
 
 
-def _less(cap: FreeCapacity, held: list[InstanceType]) -> FreeCapacity:
-    for itype in held:
-        cap = take(cap, itype, assign_gpus(cap, itype) or ())
+def _less(cap: FreeCapacity, held: list[_Held]) -> FreeCapacity:
+    for h in held:
+        gpus = assignment_on(cap, h.itype, h.devices) if h.devices else None
+        cap = take(cap, h.itype, gpus or assign_gpus(cap, h.itype) or ())
     return cap
 
 
@@ -170,11 +179,13 @@ class CapacityView:
         now = self._clock()
         return sum(1 for n in self._nodes.values() if self._live(n, now))
 
-    def hold(self, node_id: str, itype: InstanceType) -> Hold:
+    def hold(self, node_id: str, itype: InstanceType, devices: Sequence[int] = ()) -> Hold:
+        """Count a launch of ``itype`` (on GPU ``devices``, if chosen) against the node
+        until `settle` and, for one that happened, a snapshot that covers it."""
         hold = Hold(node_id, next(self._ids))
         node = self._nodes.get(node_id)
         if node is not None:
-            node.inflight[hold.hold_id] = itype
+            node.inflight[hold.hold_id] = _Held(itype, tuple(devices))
         return hold
 
     def settle(self, hold: Hold, *, launched: bool, launched_at: float | None = None) -> None:
@@ -183,8 +194,8 @@ class CapacityView:
         node = self._nodes.get(hold.node_id)
         if node is None:
             return
-        itype = node.inflight.pop(hold.hold_id, None)
-        if not launched or itype is None:
+        held = node.inflight.pop(hold.hold_id, None)
+        if not launched or held is None:
             return
         if launched_at is None or node.snap.sent_at < launched_at:
-            node.settling[hold.hold_id] = (itype, launched_at)
+            node.settling[hold.hold_id] = (held, launched_at)

@@ -55,7 +55,9 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
               help="Accept unsigned requests. For development only; logged loudly.")
 @click.option("--policy", envvar="ROOST_GATEWAY_POLICY", type=click.Choice(POLICIES),
               default=DEFAULT_POLICY, show_default=True,
-              help="Placement policy. Env: ROOST_GATEWAY_POLICY.")
+              help="Placement policy: roost weighs GPU fragmentation and the room left "
+                   "for recent launch shapes; pack is best fit; anycast is the plain "
+                   "queue group. Env: ROOST_GATEWAY_POLICY.")
 @click.option("--types-config", envvar="ROOST_GATEWAY_TYPES_CONFIG",
               type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="TOML of operator-defined instance types (the nodes' file). "

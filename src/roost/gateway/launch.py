@@ -1,12 +1,14 @@
 """Launch orchestration: place one instance with failover, and N with MinCount rollback.
 
-One instance: rank the live view under the policy, send a node-targeted launch to the
-best candidate, and on "no capacity" (a race the node lost) record the attempt and try
-the next, up to ``max_attempts``. Then fall back to anycast, where NATS offers the
-launch only to nodes subscribed to the type, i.e. nodes that fit one more. No responders
-there is the cluster's answer: InsufficientInstanceCapacity, with every attempt listed.
-When every node's own last snapshot already says it cannot fit one more, that answer
-is given at once, before any node is asked (`CapacityView.says_full`).
+One instance: rank the live view under the policy (the workload-aware ones measure
+against a window of recent launch requests), send a node-targeted launch to the best
+candidate with the GPU devices the policy chose, and on "no capacity" (a race the node
+lost) record the attempt and try the next, up to ``max_attempts``. Then fall back to
+anycast, where NATS offers the launch only to nodes subscribed to the type, i.e. nodes
+that fit one more. No responders there is the cluster's answer:
+InsufficientInstanceCapacity, with every attempt listed. When every node's own last
+snapshot already says it cannot fit one more, that answer is given at once, before any
+node is asked (`CapacityView.says_full`).
 
 A timeout is never read as "no capacity": the node may have launched. The launch id is
 looked up across the nodes first, and only if nobody holds it does placement move on.
@@ -21,8 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import msgspec
+
 from roost.bus.schemas import InstanceCommand, InstanceRecord, LaunchReply, LaunchRequest
-from roost.decide.placement import rank
+from roost.decide.placement import DEFAULT_POLICY, placements
+from roost.decide.workload import Workload, WorkloadWindow
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     InsufficientInstanceCapacity,
@@ -65,9 +70,13 @@ def describe_attempts(attempts: Sequence[Attempt]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LaunchPolicy:
-    policy: str = "pack"
+    policy: str = DEFAULT_POLICY
     max_attempts: int = 3
     anycast_seconds: float = 30.0
+    workload_window: int = 5000
+    """Launch requests the workload-aware policies (roost, fgd) measure against."""
+    workload_refresh: int = 500
+    """Requests between rebuilds of that workload (each rebuild re-measures)."""
 
 
 class Launcher:
@@ -85,6 +94,7 @@ class Launcher:
         self._metrics = metrics
         self._policy = policy
         self._rng = rng or random.Random()
+        self._workload = WorkloadWindow(policy.workload_window, policy.workload_refresh)
 
     def _count(self, outcome: str, node_id: str) -> None:
         route = {ANYCAST: "anycast", VIEW: "view"}.get(node_id, "node")
@@ -106,18 +116,22 @@ class Launcher:
         return None
 
     async def _targeted(self, req: LaunchRequest, itype: InstanceType, zone: str,
-                        attempts: list[Attempt]) -> InstanceRecord | None:
+                        workload: Workload | None, attempts: list[Attempt]
+                        ) -> InstanceRecord | None:
         tried: set[str] = set()
         for _ in range(self._policy.max_attempts):
-            ranked = [n for n in rank(self._view.nodes(zone), itype, policy=self._policy.policy,
-                                      rng=self._rng) if n.node_id not in tried]
+            ranked = [p for p in placements(self._view.nodes(zone), itype,
+                                            policy=self._policy.policy, rng=self._rng,
+                                            workload=workload)
+                      if p.node.node_id not in tried]
             if not ranked:
                 return None
-            node_id = ranked[0].node_id
+            node_id, devices = ranked[0].node.node_id, [i for i, _ in ranked[0].gpus]
             tried.add(node_id)
-            hold = self._view.hold(node_id, itype)
+            hold = self._view.hold(node_id, itype, devices)
             try:
-                reply = await self._nodes.launch(node_id, req)
+                reply = await self._nodes.launch(
+                    node_id, msgspec.structs.replace(req, gpu_devices=devices))
             except (NoResponders, BadReply) as exc:
                 self._view.settle(hold, launched=False)
                 outcome = "gone" if isinstance(exc, NoResponders) else "bad_reply"
@@ -194,9 +208,13 @@ class Launcher:
         if reconcile_first and (found := await self._reconcile(req.launch_id)) is not None:
             return found
         attempts: list[Attempt] = []
+        # The workload so far, then this request joins it (as `roost bench placement
+        # --workload online` replays it).
+        workload = self._workload.current()
+        self._workload.observe(itype)
         self.refuse_if_full(itype, zone)
         if self._policy.policy != "anycast":
-            found = await self._targeted(req, itype, zone, attempts)
+            found = await self._targeted(req, itype, zone, workload, attempts)
             if found is not None:
                 return found
         zones = self._view.zones()
