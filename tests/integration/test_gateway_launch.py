@@ -19,6 +19,8 @@ from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import key_value
 from roost.decide.placement import DEFAULT_POLICY, placements
+from roost.decide.workload import parse_workload_toml
+from roost.domain.catalog import BUILTIN
 from roost.embedded import NatsServer
 from roost.gateway.requests import RunInstancesRequest
 from roost.gateway.server import Gateway, GatewayConfig
@@ -241,6 +243,33 @@ async def test_the_policys_gpu_device_choice_travels_with_the_launch(
     assert resp.status_code == 200, resp.text
     [req] = node.launches
     assert req.gpu_devices == [i for i, _ in best.gpus] and len(req.gpu_devices) == 1
+
+
+@pytest.mark.parametrize(("declared", "lands_on"), [
+    (None, ("g1", [0])),  # only the request itself is known: a quarter, anywhere
+    ('[workload]\n"g5.xlarge" = 10\n"gs1.quarter" = 1\n', ("g2", [1])),  # keep GPUs whole
+])
+async def test_a_declared_workload_steers_the_gpu_placement(
+    nats_server: NatsServer, bus: Client, declared: str | None, lands_on: tuple[str, list[int]]
+) -> None:
+    workload = None if declared is None else parse_workload_toml(declared, BUILTIN)
+    gw = Gateway(GatewayConfig(nats_urls=[nats_server.url], port=0, auth=False,
+                               workload=workload))
+    await gw.start()
+    try:
+        nodes = {n: ScriptedNode(bus, n, free_cpu=16000, on_launch=lambda r: "ok",
+                                 gpu_free=gpus)
+                 for n, gpus in (("g1", (1000, 1000)), ("g2", (1000, 750)))}
+        for n in nodes.values():
+            await n.start()
+        await until_live(gw, 2)
+        resp = await post(gw, RUN.replace("t3.micro", "gs1.quarter"))
+        assert resp.status_code == 200, resp.text
+        node_id, devices = lands_on
+        [req] = nodes[node_id].launches
+        assert req.gpu_devices == devices
+    finally:
+        await gw.stop()
 
 
 async def test_client_token_of_a_dead_gateway_is_taken_over(

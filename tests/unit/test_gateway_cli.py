@@ -37,6 +37,20 @@ def test_gateway_refuses_an_unknown_policy() -> None:
     assert out.exit_code == 2
 
 
+@pytest.mark.parametrize(("text", "says"), [
+    ("[workload]\n\"x9.huge\" = 1\n", "unknown instance type"),
+    ("[workload]\n\"t3.micro\" = 0\n", "positive number"),
+    ("[workload]\n\"t3.micro\" = \"lots\"\n", "positive number"),
+    ("[workload]\n", "non-empty table"),
+    ("workload = [", "invalid TOML"),
+])
+def test_gateway_refuses_a_bad_workload_file(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "workload.toml"
+    path.write_text(text)
+    out = CliRunner().invoke(gateway, ["--no-auth", "--workload", str(path)])
+    assert out.exit_code == 2 and "--workload" in out.output and says in out.output
+
+
 def test_up_refuses_a_bad_capacity(tmp_path: Path) -> None:
     out = CliRunner().invoke(up, ["--node-capacity", "lots", "--data-dir", str(tmp_path)])
     assert out.exit_code == 2 and "--node-capacity" in out.output

@@ -26,8 +26,9 @@ from roost.decide.workload import (
     UsableCapacity,
     Workload,
     WorkloadWindow,
+    parse_workload_toml,
 )
-from roost.domain.catalog import InstanceType
+from roost.domain.catalog import BUILTIN, InstanceType
 from roost.domain.fit import FreeCapacity, fits, gpu_choices
 from roost.domain.resources import Resources
 
@@ -278,3 +279,12 @@ def test_workload_window_rebuilds_every_refresh_over_the_last_requests() -> None
     assert latest is not None and [d for d, _ in latest.mix] == [Demand.of(HALF)]
     with pytest.raises(ValueError):
         WorkloadWindow(size=0)
+
+
+def test_a_declared_workload_weighs_shapes_by_type() -> None:
+    declared = parse_workload_toml(
+        '[workload]\n"g5.xlarge" = 3\n"gs1.quarter" = 1\n"g5.2xlarge" = 0.5\n', BUILTIN)
+    shares = {d: round(s, 4) for d, s in declared.mix}
+    assert shares == {Demand.of(BUILTIN["g5.xlarge"]): round(3 / 4.5, 4),
+                      Demand.of(BUILTIN["gs1.quarter"]): round(1 / 4.5, 4),
+                      Demand.of(BUILTIN["g5.2xlarge"]): round(0.5 / 4.5, 4)}

@@ -11,9 +11,10 @@ expected fragmentation F_n(M). FGD places each request where F_n(M) grows least.
 
 from __future__ import annotations
 
+import tomllib
 from bisect import bisect_right
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -106,6 +107,36 @@ class Workload:
             kept.append((d, share))
             covered += share
         return Workload(tuple((d, s / covered) for d, s in kept))
+
+
+def parse_workload_toml(text: str, catalog: Mapping[str, InstanceType]) -> Workload:
+    """An operator's declared launch mix, from TOML: instance type = relative weight::
+
+        [workload]
+        "g5.xlarge" = 40
+        "gs1.quarter" = 25
+        "m7i.large" = 35
+
+    Every type must be in ``catalog``; weights are positive numbers. Raises ValueError
+    naming what is wrong.
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"invalid TOML: {exc}") from None
+    table = doc.get("workload")
+    if not isinstance(table, dict) or not table:
+        raise ValueError("[workload] must be a non-empty table of instance type = weight")
+    counts: dict[Demand, float] = {}
+    for name, weight in table.items():
+        itype = catalog.get(name)
+        if itype is None:
+            raise ValueError(f"workload.{name}: unknown instance type")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ValueError(f"workload.{name}: the weight must be a positive number")
+        demand = Demand.of(itype)
+        counts[demand] = counts.get(demand, 0.0) + float(weight)
+    return Workload.from_counts(counts)
 
 
 _WEIGHT_SCALE = 1 << 24

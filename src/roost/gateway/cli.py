@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
+from roost.decide.workload import parse_workload_toml
 from roost.domain.catalog import BUILTIN, parse_types_toml
 from roost.gateway.admin import API_PREFIX
 from roost.gateway.server import Gateway, GatewayConfig
@@ -58,6 +59,11 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
               help="Placement policy: roost weighs GPU fragmentation and the room left "
                    "for recent launch shapes; pack is best fit; anycast is the plain "
                    "queue group. Env: ROOST_GATEWAY_POLICY.")
+@click.option("--workload", "workload_file", envvar="ROOST_GATEWAY_WORKLOAD",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="TOML of the expected launch mix ([workload] type = weight) for the "
+                   "roost and fgd policies; without it they learn the mix from recent "
+                   "launches. Env: ROOST_GATEWAY_WORKLOAD.")
 @click.option("--types-config", envvar="ROOST_GATEWAY_TYPES_CONFIG",
               type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="TOML of operator-defined instance types (the nodes' file). "
@@ -76,8 +82,8 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
             credentials: tuple[str, ...], no_auth: bool, policy: str,
-            types_config: Path | None, launch_timeout: float, max_attempts: int,
-            client_token_ttl: float, log_level: str) -> None:
+            workload_file: Path | None, types_config: Path | None, launch_timeout: float,
+            max_attempts: int, client_token_ttl: float, log_level: str) -> None:
     """Serve the EC2 Query API, placing launches on nodes with room.
 
     Any number of gateways may run against one NATS: they share nothing but the bus
@@ -91,12 +97,19 @@ def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
             catalog = BUILTIN.with_types(parse_types_toml(types_config.read_text()))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--types-config") from None
+    workload = None
+    if workload_file is not None:
+        try:
+            workload = parse_workload_toml(workload_file.read_text(), catalog)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--workload") from None
     try:
         config = GatewayConfig(
             nats_urls=[u for raw in nats_urls for u in raw.replace(",", " ").split()],
             host=host, port=port, region=region, credentials=parse_credentials(credentials),
-            auth=not no_auth, policy=policy, catalog=catalog, launch_timeout=launch_timeout,
-            max_attempts=max_attempts, client_token_ttl=client_token_ttl,
+            auth=not no_auth, policy=policy, workload=workload, catalog=catalog,
+            launch_timeout=launch_timeout, max_attempts=max_attempts,
+            client_token_ttl=client_token_ttl,
         )
         gw = Gateway(config)
     except ValueError as exc:

@@ -73,10 +73,13 @@ class LaunchPolicy:
     policy: str = DEFAULT_POLICY
     max_attempts: int = 3
     anycast_seconds: float = 30.0
+    workload: Workload | None = None
+    """The operator's declared launch mix; without one, the workload-aware policies
+    (roost, fgd) measure against a window of recent launch requests:"""
     workload_window: int = 5000
-    """Launch requests the workload-aware policies (roost, fgd) measure against."""
+    """...this many requests,"""
     workload_refresh: int = 500
-    """Requests between rebuilds of that workload (each rebuild re-measures)."""
+    """...rebuilt after this many (each rebuild re-measures)."""
 
 
 class Launcher:
@@ -208,9 +211,9 @@ class Launcher:
         if reconcile_first and (found := await self._reconcile(req.launch_id)) is not None:
             return found
         attempts: list[Attempt] = []
-        # The workload so far, then this request joins it (as `roost bench placement
-        # --workload online` replays it).
-        workload = self._workload.current()
+        # A declared workload (`roost bench placement --workload trace`), or the one seen
+        # so far, which this request then joins (`--workload online`).
+        workload = self._policy.workload or self._workload.current()
         self._workload.observe(itype)
         self.refuse_if_full(itype, zone)
         if self._policy.policy != "anycast":

@@ -22,6 +22,7 @@ from roost.bus import subjects
 from roost.bus.connect import connect, key_value
 from roost.bus.schemas import CapacitySnapshot, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
+from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import CapacityView
@@ -48,6 +49,8 @@ class GatewayConfig:
     """Access key id -> secret access key."""
     auth: bool = True
     policy: str = DEFAULT_POLICY
+    workload: Workload | None = None
+    """The declared launch mix the workload-aware policies measure against."""
     catalog: Catalog = field(default_factory=lambda: BUILTIN)
     owner_id: str = "000000000000"
     launch_timeout: float = 5.0
@@ -112,7 +115,8 @@ class Gateway:
         index.start()
         await index.wait_synced(sync_timeout)
         launcher = Launcher(nodes, view, self.metrics,
-                            policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts))
+                            policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
+                                                workload=cfg.workload))
         site = Site(cfg.region, cfg.owner_id, cfg.max_instances_per_request)
         self.service = service = Ec2Service(
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
