@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import os
 import socket
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from roost.controller import tomlfile
 from roost.decide.snapshot import PlanSettings
 
 
@@ -107,20 +107,8 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
 def load_file(path: Path) -> dict[str, Any]:
     """The settings in a TOML file (top level or ``[controller]``), not yet validated."""
-    try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: invalid TOML: {exc}") from None
-    table = doc.get("controller", doc)
-    if not isinstance(table, dict):
-        raise ValueError(f"{path}: [controller] must be a table")
-    out = {k.replace("-", "_"): v for k, v in table.items()}
-    # Paths in the file are relative to the file.
-    for key in ("static_config", "kubernetes_config", "native_config"):
-        if isinstance(out.get(key), str) and not Path(out[key]).is_absolute():
-            out[key] = str(path.parent / out[key])
+    out = tomlfile.section(tomlfile.read(path), "controller", path)
+    tomlfile.resolve_paths(out, ("static_config", "kubernetes_config", "native_config"), path)
     return out
 
 

@@ -55,7 +55,6 @@ import hashlib
 import os
 import shlex
 import sys
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +69,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.session import get_session
 
+from roost.controller import tomlfile
 from roost.controller.orchestrator import (
     InstanceView,
     NodeFigures,
@@ -111,12 +111,7 @@ def load_settings(path: Path, *, dsn: str,
                   environ: Mapping[str, str] | None = None) -> NativeSettings:
     """`NativeSettings` from a TOML file, or ValueError naming what is wrong."""
     env = os.environ if environ is None else environ
-    try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    doc = tomlfile.read(path)
     doc.setdefault("dsn", dsn)
     for key, var in (("access_key_id", "AWS_ACCESS_KEY_ID"),
                      ("secret_access_key", "AWS_SECRET_ACCESS_KEY")):

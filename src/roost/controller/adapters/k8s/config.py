@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -23,6 +22,8 @@ from urllib.parse import parse_qs
 import msgspec
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core.exceptions import ConfigError
+
+from roost.controller import tomlfile
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -68,22 +69,11 @@ class KubernetesSettings:
 def load_settings(path: Path) -> KubernetesSettings:
     """Settings from a TOML file: a ``[kubernetes]`` table, or the same keys at the top
     level. Relative paths in it are relative to the file. ValueError says what is wrong."""
-    try:
-        doc = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: invalid TOML: {exc}") from None
-    table = doc.get("kubernetes", doc)
-    if not isinstance(table, dict):
-        raise ValueError(f"{path}: [kubernetes] must be a table")
-    table = {k.replace("-", "_"): v for k, v in table.items()}
+    table = tomlfile.section(tomlfile.read(path), "kubernetes", path)
     unknown = sorted(set(table) - {f.name for f in fields(KubernetesSettings)})
     if unknown:
         raise ValueError(f"{path}: unknown kubernetes settings: {', '.join(unknown)}")
-    for key in ("kubeconfig", "service_account_dir"):
-        if isinstance(table.get(key), str):
-            table[key] = str(path.parent / Path(table[key]).expanduser())
+    tomlfile.resolve_paths(table, ("kubeconfig", "service_account_dir"), path)
     try:
         return msgspec.convert(table, KubernetesSettings, strict=False).validate()
     except msgspec.ValidationError as exc:
