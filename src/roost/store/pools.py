@@ -6,8 +6,6 @@ there is no second pool model to keep in step.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import fields, replace
 from typing import Any
 
@@ -15,6 +13,7 @@ import asyncpg
 
 from roost.decide.snapshot import PoolSpec
 from roost.store.errors import InvalidPool, PoolBusy, PoolExists, PoolNotFound
+from roost.store.tasks import transaction
 
 _COLUMNS = {
     "pool_id": "id",
@@ -29,17 +28,6 @@ _COLUMNS = {
     "orchestrator_ref": "orchestrator_ref",
 }
 _SELECT = "SELECT " + ", ".join(f"{c} AS {f}" for f, c in _COLUMNS.items()) + " FROM worker_pools"
-
-
-@contextlib.asynccontextmanager
-async def _transaction(db: Any) -> AsyncIterator[Any]:
-    """A transaction on a connection, or on one taken from a pool."""
-    if isinstance(db, asyncpg.Pool):
-        async with db.acquire() as conn, conn.transaction():
-            yield conn
-    else:
-        async with db.transaction():
-            yield db
 
 
 def _spec(row: Any) -> PoolSpec:
@@ -92,7 +80,7 @@ async def update_pool(db: Any, pool_id: str, /, **changes: Any) -> PoolSpec:
     unknown = set(changes) - set(_COLUMNS) | ({"pool_id"} & set(changes))
     if unknown:
         raise InvalidPool(f"cannot update {', '.join(sorted(unknown))}")
-    async with _transaction(db) as conn:
+    async with transaction(db) as conn:
         current = await conn.fetchrow(_SELECT + " WHERE id = $1 FOR UPDATE", pool_id)
         if current is None:
             raise PoolNotFound(pool_id)
@@ -110,7 +98,7 @@ async def update_pool(db: Any, pool_id: str, /, **changes: Any) -> PoolSpec:
 async def delete_pool(db: Any, pool_id: str, *, force: bool = False) -> None:
     """Delete a pool. Refused while it has live workers or open tasks, unless ``force``:
     deleting it would orphan work that is still running."""
-    async with _transaction(db) as conn:
+    async with transaction(db) as conn:
         row = await conn.fetchrow(
             "SELECT (SELECT count(*) FROM workers w WHERE w.pool_id = p.id "
             "        AND w.status <> 'gone') AS live, "
