@@ -47,6 +47,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 
 RUN = ("Action=RunInstances&Version=2016-11-15&ImageId={image}&InstanceType={itype}"
@@ -484,7 +485,8 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> None:
 
 
 @contextmanager
-def local_cluster(*, nodes: int, node_capacity: str) -> Iterator[tuple[str, str, str, str]]:
+def local_cluster(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY
+                  ) -> Iterator[tuple[str, str, str, str]]:
     """`roost up` (sim driver, no controller) in a child process; yields (endpoint, key,
     secret, nats_url)."""
     with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
@@ -495,7 +497,7 @@ def local_cluster(*, nodes: int, node_capacity: str) -> Iterator[tuple[str, str,
                 [sys.executable, "-c", "from roost.up.cli import up; up()",
                  "--nodes", str(nodes), "--driver", "sim", "--node-capacity", node_capacity,
                  "--port", "0", "--nats-port", "0", "--no-controller",
-                 "--data-dir", str(data)],
+                 "--policy", policy, "--data-dir", str(data)],
                 stdout=out, stderr=subprocess.STDOUT,
             )
         try:
@@ -614,6 +616,8 @@ def machine() -> dict[str, Any]:
                    "is InsufficientInstanceCapacity.")
 @click.option("--ice-requests", type=click.IntRange(min=0), default=300, show_default=True,
               help="ICE requests per level (at least 4 per worker); 0 skips ICE.")
+@click.option("--policy", type=click.Choice(POLICIES), default=DEFAULT_POLICY,
+              show_default=True, help="The gateway's placement policy.")
 @click.option("--no-moto", is_flag=True, help="Skip moto's server.")
 @click.option("--no-floor", is_flag=True, help="Skip the raw NATS request-reply floor.")
 @click.option("--quick", is_flag=True,
@@ -625,7 +629,7 @@ def machine() -> dict[str, Any]:
 @click.option("--json", "json_out", default=None, metavar="OUT",
               help="Write every figure as JSON to OUT ('-' for stdout).")
 def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str, nodes: int,
-           node_capacity: str, ice_type: str, ice_requests: int, no_moto: bool,
+           node_capacity: str, ice_type: str, ice_requests: int, policy: str, no_moto: bool,
            no_floor: bool, quick: bool, endpoint: str | None, region: str,
            json_out: str | None) -> None:
     """RunInstances + TerminateInstances latency (p50/p99) and throughput, beside moto's
@@ -644,9 +648,11 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
                                     warmup=warmup))
         report["roost"] = [asdict(r) for r in results]
     else:
-        click.echo(f"starting roost up: {nodes} sim nodes of {node_capacity}", err=True)
-        with local_cluster(nodes=nodes, node_capacity=node_capacity) as (ep, key, secret,
-                                                                          nats_url):
+        report["policy"] = policy
+        click.echo(f"starting roost up: {nodes} sim nodes of {node_capacity}, "
+                   f"policy {policy}", err=True)
+        with local_cluster(nodes=nodes, node_capacity=node_capacity,
+                           policy=policy) as (ep, key, secret, nats_url):
             with _maybe(moto_server, not no_moto) as moto_url, \
                     _maybe(lambda: nats_responder(nats_url), not no_floor and bool(nats_url)):
                 peers = Peers(
