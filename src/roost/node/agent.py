@@ -183,7 +183,13 @@ class NodeAgent:
         if released and self._subs is not None:
             # Advertise the room before announcing the state, so a client that saw the
             # instance stop and launches again finds the room already offered.
-            await self._changed()
+            try:
+                await self._changed()
+            except Exception:  # the state change stands; the next heartbeat re-syncs it
+                log.exception("node %s: re-advertising after %s failed", self.node_id,
+                              instance_id)
+            if self._records[instance_id] is not rec:
+                return rec  # a later move overtook this one and announces itself
         if announce and self._kv is not None:
             await self._kv.put(instance_id, s.encode(rec))
         return rec
@@ -217,7 +223,9 @@ class NodeAgent:
         while True:
             await asyncio.sleep(self.config.heartbeat_seconds)
             try:
-                await self._publish_snapshot()
+                # Subscriptions too, not only the snapshot: a sync that failed after a
+                # release (see `_move`) is mended here. Nothing changed costs no I/O.
+                await self._changed()
             except Exception:  # a NATS hiccup must not end the heartbeat for good
                 log.exception("node %s: heartbeat failed", self.node_id)
 
