@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from botocore.exceptions import ClientError
 from click.testing import CliRunner
 
 from roost.bench.launch import Signer, bench, percentile
+from roost.embedded.proc import free_port
 from roost.gateway.cli import fetch_signed, status
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 
@@ -131,3 +137,25 @@ def test_bench_launch_measures_a_running_gateway(cluster: ThreadedCluster) -> No
     assert all(0 < lv.run_p50_ms <= lv.run_p99_ms for lv in levels)
     assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
     assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+
+
+def test_a_gateway_waiting_for_nats_stops_on_sigterm(tmp_path: Path) -> None:
+    """NATS not up yet: the gateway says it is waiting, and SIGTERM still stops it."""
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "roost", "gateway", "--no-auth", "--port", "0",
+             "--nats", f"nats://127.0.0.1:{free_port()}"],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "connecting to NATS" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the connect retries
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(15) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)

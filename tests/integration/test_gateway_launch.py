@@ -98,7 +98,7 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[Client]:
 @pytest.fixture
 async def gateway(nats_server: NatsServer) -> AsyncIterator[Gateway]:
     gw = Gateway(GatewayConfig(nats_urls=[nats_server.url], port=0, auth=False,
-                               launch_timeout=0.5))
+                               launch_timeout=0.5, full_after=0.0))
     await gw.start()
     yield gw
     await gw.stop()
@@ -153,19 +153,26 @@ async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client)
     assert other.launches == []  # found by lookup, never launched twice
 
 
-async def test_empty_view_falls_back_to_anycast(gateway: Gateway, bus: Client) -> None:
+async def anycast_only_node(bus: Client, node_id: str) -> list[str]:
+    """A node that takes t3.micro launches on the anycast subject and has sent no
+    snapshot; returns the launch ids it serves, as they come."""
     served: list[str] = []
 
-    async def anycast_node(msg: Msg) -> None:
+    async def serve(msg: Msg) -> None:
         req = s.decode(msg.data, s.LaunchRequest)
         served.append(req.launch_id)
-        rec = ScriptedNode(bus, "x", free_cpu=0, on_launch=lambda r: None).record(req)
+        rec = ScriptedNode(bus, node_id, free_cpu=0, on_launch=lambda r: None).record(req)
         await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=True,
-                                                 node_id="x", instance=rec)))
+                                                 node_id=node_id, instance=rec)))
 
     await bus.subscribe(subjects.run_instances("t3.micro"), queue=subjects.NODE_QUEUE,
-                        cb=anycast_node)
+                        cb=serve)
     await bus.flush()
+    return served
+
+
+async def test_empty_view_falls_back_to_anycast(gateway: Gateway, bus: Client) -> None:
+    served = await anycast_only_node(bus, "x")
     resp = await post(gateway, RUN)
     assert resp.status_code == 200 and len(served) == 1
     assert attempts(gateway) == {("anycast", "ok"): 1}
@@ -197,6 +204,26 @@ async def set_room(gw: Gateway, node: ScriptedNode, free_cpu: int, seq: int) -> 
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the view never saw {node.node_id} with {free_cpu} milli free")
+
+
+async def test_a_gateway_just_started_asks_the_bus_even_if_its_view_looks_full(
+    nats_server: NatsServer, bus: Client
+) -> None:
+    gw = Gateway(GatewayConfig(nats_urls=[nats_server.url], port=0, auth=False,
+                               full_after=60.0))
+    await gw.start()
+    try:
+        await willing_node(gw, bus, free_cpu=0)  # heard from, and full
+        resp = await post(gw, RUN)
+        assert resp.status_code == 500 and "InsufficientInstanceCapacity" in resp.text
+        assert attempts(gw) == {("anycast", "no_responders"): 1}
+
+        # A node with room whose first snapshot has not arrived yet: anycast finds it.
+        served = await anycast_only_node(bus, "unheard")
+        resp = await post(gw, RUN)
+        assert resp.status_code == 200 and len(served) == 1, resp.text
+    finally:
+        await gw.stop()
 
 
 async def test_a_view_where_every_node_is_full_answers_without_asking(
@@ -254,7 +281,7 @@ async def test_a_declared_workload_steers_the_gpu_placement(
 ) -> None:
     workload = None if declared is None else parse_workload_toml(declared, BUILTIN)
     gw = Gateway(GatewayConfig(nats_urls=[nats_server.url], port=0, auth=False,
-                               workload=workload))
+                               workload=workload, full_after=0.0))
     await gw.start()
     try:
         nodes = {n: ScriptedNode(bus, n, free_cpu=16000, on_launch=lambda r: "ok",

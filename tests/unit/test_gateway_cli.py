@@ -42,6 +42,9 @@ def test_gateway_refuses_an_unknown_policy() -> None:
     ("[workload]\n\"t3.micro\" = 0\n", "positive number"),
     ("[workload]\n\"t3.micro\" = \"lots\"\n", "positive number"),
     ("[workload]\n", "non-empty table"),
+    ("[workload]\n\"t3.micro\" = inf\n", "positive number"),
+    ("[workload]\n\"t3.micro\" = nan\n", "positive number"),
+    ("[workload]\ng5.xlarge = 1\n", 'quote type names that hold a dot, as in "g5.xlarge"'),
     ("workload = [", "invalid TOML"),
 ])
 def test_gateway_refuses_a_bad_workload_file(tmp_path: Path, text: str, says: str) -> None:
@@ -49,6 +52,15 @@ def test_gateway_refuses_a_bad_workload_file(tmp_path: Path, text: str, says: st
     path.write_text(text)
     out = CliRunner().invoke(gateway, ["--no-auth", "--workload", str(path)])
     assert out.exit_code == 2 and "--workload" in out.output and says in out.output
+
+
+def test_a_workload_for_a_policy_that_ignores_it_is_warned_about(tmp_path: Path) -> None:
+    path = tmp_path / "workload.toml"
+    path.write_text('[workload]\n"t3.micro" = 1\n')
+    # No keys and no --no-auth: it warns, then refuses to start, without a server.
+    out = CliRunner().invoke(gateway, ["--policy", "pack", "--workload", str(path)],
+                             env={"ROOST_GATEWAY_CREDENTIALS": ""})
+    assert out.exit_code == 2 and "--workload is not used by the pack policy" in out.output
 
 
 def test_up_refuses_a_bad_capacity(tmp_path: Path) -> None:

@@ -124,8 +124,13 @@ def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> Non
 
 def test_the_view_says_full_only_on_every_live_nodes_own_word() -> None:
     clock = Clock()
-    view = CapacityView(clock)
+    view = CapacityView(clock, full_after=2.0)
     micro = BUILTIN["t3.micro"]
+    view.apply(snap("n1", 1, cpu=0))
+    assert not view.says_full(micro)  # just started: others may not have spoken yet
+    clock.now += 2.0
+    assert view.says_full(micro)
+    view = CapacityView(clock, full_after=0.0)
     assert not view.says_full(micro)  # an empty view knows nothing
     view.apply(snap("n1", 1, cpu=0))
     assert view.says_full(micro)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roost.domain.catalog import BUILTIN
+from roost.domain.fit import assign_gpus
 from roost.domain.host import HostCapacity
 from roost.domain.resources import GPU_MILLI, GpuDevice, Resources
 from roost.node.ledger import Ledger
@@ -70,9 +71,11 @@ def test_the_gateways_device_choice_is_followed_when_it_still_holds() -> None:
     ledger.allocate("i-3", BUILTIN["gs1.half"], devices=[1])
     # Device 1 has 250 left: a half there can't fit, so the node picks its own (0).
     assert ledger.allocate("i-4", half, devices=[1]).gpus == ((0, 500),)
-    # Hints that make no sense for the type are ignored, never trusted.
-    for i, bad in enumerate(([7], [0, 1], [-1])):
-        alloc = ledger.allocate(f"i-x{i}", BUILTIN["gs1.eighth"], devices=bad)
-        assert alloc is not None and alloc.gpus[0][0] in (0, 1)
+    # Hints that make no sense for the type are ignored, never trusted: best fit instead.
+    eighth = BUILTIN["gs1.eighth"]
+    for i, bad in enumerate(([7], [0, 1], [-1], [1, 1])):
+        best = assign_gpus(ledger.free, eighth)
+        alloc = ledger.allocate(f"i-x{i}", eighth, devices=bad)
+        assert alloc is not None and alloc.gpus == best
         ledger.release(f"i-x{i}")
     assert ledger.allocate("i-5", BUILTIN["g5.xlarge"], devices=[1]) is None  # no whole GPU

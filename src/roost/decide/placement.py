@@ -318,6 +318,8 @@ class RoostPolicy:
 
 SCORED: dict[str, Scorer] = {"pack": pack_score, "spread": spread_score, "dotprod": dotprod_score}
 POLICIES = ("anycast", "spread", "pack", "dotprod", "fgd", "roost")
+WORKLOAD_POLICIES = ("roost", "fgd")
+"""The policies that measure placements against a workload (the others ignore it)."""
 DEFAULT_POLICY = "roost"
 
 

@@ -11,6 +11,7 @@ expected fragmentation F_n(M). FGD places each request where F_n(M) grows least.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from bisect import bisect_right
 from collections import Counter, deque
@@ -129,10 +130,14 @@ def parse_workload_toml(text: str, catalog: Mapping[str, InstanceType]) -> Workl
         raise ValueError("[workload] must be a non-empty table of instance type = weight")
     counts: dict[Demand, float] = {}
     for name, weight in table.items():
+        if isinstance(weight, dict):  # g5.xlarge = 1 unquoted is a table g5 in TOML
+            raise ValueError(f"workload.{name}: quote type names that hold a dot, as in "
+                             f'"{name}.{next(iter(weight), "")}" = ...')
         itype = catalog.get(name)
         if itype is None:
             raise ValueError(f"workload.{name}: unknown instance type")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+        if (isinstance(weight, bool) or not isinstance(weight, int | float)
+                or not math.isfinite(weight) or weight <= 0):
             raise ValueError(f"workload.{name}: the weight must be a positive number")
         demand = Demand.of(itype)
         counts[demand] = counts.get(demand, 0.0) + float(weight)

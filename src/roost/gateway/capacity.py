@@ -90,11 +90,17 @@ def _less(cap: FreeCapacity, held: list[_Held]) -> FreeCapacity:
     return cap
 
 
+FULL_AFTER = 6.0
+"""Seconds after the view starts before it may say a cluster is full: three of a node
+agent's default 2 s heartbeats, so that every live node has been heard from."""
+
+
 class CapacityView:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, *, full_after: float = FULL_AFTER) -> None:
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._ids = itertools.count(1)
+        self._full_from = clock() + full_after
 
     def apply(self, snap: CapacitySnapshot) -> bool:
         """Take ``snap`` unless it is older than what the view holds; True if taken.
@@ -137,13 +143,17 @@ class CapacityView:
     def says_full(self, itype: InstanceType, zone: str = "") -> bool:
         """Every node in the view has told us it cannot fit one more ``itype``.
 
-        True only when the view is complete as far as the gateway can know: at least one
-        live node (in ``zone``, if given), no remembered node that has gone quiet (it may
-        still be subscribed), and each live node's own last word, its snapshot's fit
-        count, is zero. Launches in flight are not counted against the nodes here: a
-        hold is this gateway's guess, and a guess must never turn into a capacity error.
+        True only when the view is complete as far as the gateway can know: it has been
+        listening for ``full_after`` seconds (nodes it has not heard from yet may have
+        room), it has at least one live node (in ``zone``, if given) and no remembered
+        node that has gone quiet (it may still be subscribed), and each live node's own
+        last word, its snapshot's fit count, is zero. Launches in flight are not counted
+        against the nodes here: a hold is this gateway's guess, and a guess must never
+        turn into a capacity error.
         """
         now = self._clock()
+        if now < self._full_from:
+            return False
         seen = False
         for n in self._nodes.values():
             if now - n.seen_at > FORGET_AFTER:

@@ -18,10 +18,11 @@ from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
-from roost.decide.placement import DEFAULT_POLICY, POLICIES
+from roost.decide.placement import DEFAULT_POLICY, POLICIES, WORKLOAD_POLICIES
 from roost.decide.workload import parse_workload_toml
 from roost.domain.catalog import BUILTIN, parse_types_toml
 from roost.gateway.admin import API_PREFIX
+from roost.gateway.capacity import FULL_AFTER
 from roost.gateway.server import Gateway, GatewayConfig
 
 
@@ -74,6 +75,11 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--max-attempts", envvar="ROOST_GATEWAY_MAX_ATTEMPTS",
               type=click.IntRange(min=1), default=3, show_default=True,
               help="Node-targeted attempts per instance before falling back to anycast.")
+@click.option("--full-after", envvar="ROOST_GATEWAY_FULL_AFTER",
+              type=click.FloatRange(min=0), default=FULL_AFTER, show_default=True,
+              help="Seconds after start before a full cluster is answered from the capacity "
+                   "view alone (until then the bus is asked). Raise it if nodes heartbeat "
+                   "slower than every 2 s. Env: ROOST_GATEWAY_FULL_AFTER.")
 @click.option("--client-token-ttl", envvar="ROOST_GATEWAY_CLIENT_TOKEN_TTL",
               type=click.FloatRange(min=60), default=24 * 3600.0, show_default=True,
               help="Seconds a RunInstances ClientToken is remembered.")
@@ -83,7 +89,8 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
 def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
             credentials: tuple[str, ...], no_auth: bool, policy: str,
             workload_file: Path | None, types_config: Path | None, launch_timeout: float,
-            max_attempts: int, client_token_ttl: float, log_level: str) -> None:
+            max_attempts: int, full_after: float, client_token_ttl: float,
+            log_level: str) -> None:
     """Serve the EC2 Query API, placing launches on nodes with room.
 
     Any number of gateways may run against one NATS: they share nothing but the bus
@@ -95,21 +102,24 @@ def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
     if types_config is not None:
         try:
             catalog = BUILTIN.with_types(parse_types_toml(types_config.read_text()))
-        except ValueError as exc:
+        except (OSError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--types-config") from None
     workload = None
     if workload_file is not None:
         try:
             workload = parse_workload_toml(workload_file.read_text(), catalog)
-        except ValueError as exc:
+        except (OSError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--workload") from None
+        if policy not in WORKLOAD_POLICIES:
+            click.echo(f"warning: --workload is not used by the {policy} policy, only by "
+                       f"{' and '.join(WORKLOAD_POLICIES)}", err=True)
     try:
         config = GatewayConfig(
             nats_urls=[u for raw in nats_urls for u in raw.replace(",", " ").split()],
             host=host, port=port, region=region, credentials=parse_credentials(credentials),
             auth=not no_auth, policy=policy, workload=workload, catalog=catalog,
             launch_timeout=launch_timeout, max_attempts=max_attempts,
-            client_token_ttl=client_token_ttl,
+            client_token_ttl=client_token_ttl, full_after=full_after,
         )
         gw = Gateway(config)
     except ValueError as exc:
@@ -125,11 +135,22 @@ async def _serve(gw: Gateway) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await gw.start()
-    click.echo(f"gateway ready on {gw.endpoint}", err=True)
+    click.echo(f"connecting to NATS at {', '.join(gw.config.nats_urls)} "
+               "(retrying until it answers)", err=True)
+    starting = asyncio.create_task(gw.start())
+    stopping = asyncio.create_task(stop.wait())
     try:
-        await stop.wait()
+        # A signal while NATS is still unreachable must stop the start, not wait for it.
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return
+        starting.result()
+        click.echo(f"gateway ready on {gw.endpoint}", err=True)
+        await stopping
     finally:
+        stopping.cancel()
         await gw.stop()
 
 

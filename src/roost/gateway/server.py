@@ -25,7 +25,7 @@ from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.gateway.app import AppParts, build_app
-from roost.gateway.capacity import CapacityView
+from roost.gateway.capacity import FULL_AFTER, CapacityView
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher, LaunchPolicy
 from roost.gateway.metrics import GatewayMetrics
@@ -57,6 +57,9 @@ class GatewayConfig:
     max_attempts: int = 3
     client_token_ttl: float = 24 * 3600.0
     max_instances_per_request: int = 500
+    full_after: float = FULL_AFTER
+    """Seconds after start before a full cluster is answered from the capacity view
+    alone; until then the bus is asked. Raise it if nodes heartbeat slower than 2 s."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -108,7 +111,7 @@ class Gateway:
         user_data = await key_value(nc, subjects.USER_DATA_BUCKET)
         tokens = await key_value(nc, subjects.CLIENT_TOKENS_BUCKET, ttl=cfg.client_token_ttl)
         loop = asyncio.get_running_loop()
-        view = CapacityView(loop.time)
+        view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
         nodes = NodeClient(nc, timeout=cfg.launch_timeout)
         self._index = index = InstanceIndex(records, tags, user_data)
