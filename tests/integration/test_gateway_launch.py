@@ -230,9 +230,10 @@ async def test_a_view_where_every_node_is_full_answers_without_asking(
     gateway: Gateway, bus: Client
 ) -> None:
     node = await willing_node(gateway, bus, free_cpu=0)
-    resp = await post(gateway, RUN)
+    resp = await post(gateway, RUN.replace("MaxCount=1", "MaxCount=3"))
     assert resp.status_code == 500 and "InsufficientInstanceCapacity" in resp.text
     assert node.launches == [] and attempts(gateway) == {("view", "full"): 1}
+    assert gateway.service is not None and len(gateway.service.launcher.window) == 3
 
     await set_room(gateway, node, 4000, seq=2)  # its room comes back, and it says so
     resp = await post(gateway, RUN)

@@ -340,3 +340,7 @@ class WorkloadWindow:
 
     def current(self) -> Workload | None:
         return self._current
+
+    def __len__(self) -> int:
+        """Requests remembered now (at most ``size``)."""
+        return len(self._recent)

@@ -183,6 +183,17 @@ class Launcher:
             f"({describe_attempts(attempts)})."
         )
 
+    @property
+    def window(self) -> WorkloadWindow:
+        """The recent requests the workload-aware policies learn from."""
+        return self._workload
+
+    def observe(self, itype: InstanceType, count: int = 1) -> None:
+        """``count`` more instances of ``itype`` asked for, placed or not: the workload
+        the roost and fgd policies measure against when none is declared."""
+        for _ in range(count):
+            self._workload.observe(itype)
+
     def says_full(self, itype: InstanceType, zone: str = "") -> bool:
         """Every node has already said it cannot fit one more ``itype`` (see
         `CapacityView.says_full`). The `anycast` policy never asks the view."""
@@ -214,7 +225,7 @@ class Launcher:
         # A declared workload (`roost bench placement --workload trace`), or the one seen
         # so far, which this request then joins (`--workload online`).
         workload = self._policy.workload or self._workload.current()
-        self._workload.observe(itype)
+        self.observe(itype)
         self.refuse_if_full(itype, zone)
         if self._policy.policy != "anycast":
             found = await self._targeted(req, itype, zone, workload, attempts)

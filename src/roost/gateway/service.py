@@ -117,6 +117,9 @@ class Ec2Service:
                 self.launcher.refuse_if_full(itype, zone)
             except InsufficientInstanceCapacity:
                 self.metrics.launches.labels("insufficient_capacity").inc(req.min_count)
+                # Still demand: the workload-aware policies learn from what is asked.
+                self.launcher.observe(itype, min(req.max_count,
+                                                 self.site.max_instances_per_request))
                 raise
         claim: Claim | None = None
         rid = new_reservation_id()
