@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from roost.embedded.proc import free_port
 from roost.store import tasks as tq
 from roost.store.tasks import TaskStatus, TokenRejected
 from roost.worker import Worker, current_task
@@ -38,11 +40,12 @@ async def db(pg_dsn: str) -> AsyncIterator[Any]:
         await pool.close()
 
 
-async def start_worker(dsn: str, target: str, worker_id: str) -> asyncio.subprocess.Process:
+async def start_worker(dsn: str, target: str, worker_id: str, *extra: str
+                       ) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "roost.worker", "--pool", "p", "--dsn", dsn,
         "--lease", "1", "--heartbeat", "0.2", "--poll", "0.05", "--worker-id", worker_id,
-        "--log-level", "warning", target,
+        "--log-level", "warning", *extra, target,
         cwd=ROOT, env={**os.environ, "ROOST_INSTANCE_ID": f"i-{worker_id}"},
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )
@@ -128,3 +131,46 @@ async def test_bad_usage_exits_2(pg_dsn: str) -> None:
 
 async def _done(db: Any, task_id: int) -> bool:
     return (await tq.get_task(db, task_id)).status is TaskStatus.DONE
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``name{labels}`` -> value, from a worker's /metrics (labels in name order)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+async def test_a_worker_serves_its_figures_as_prometheus_metrics(
+    db: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "runs.log"
+    ids = [(await tq.submit(db, "p", {"log": str(log), "seconds": 0.05})).task_id
+           for _ in range(3)]
+    port = free_port()
+    proc = await start_worker(pg_dsn, "tests.worker_tasks:slow", "counted",
+                              "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+    try:
+        async def all_done() -> bool:
+            return [(await task_row(db, t))["status"] for t in ids] == ["done"] * 3
+
+        await eventually(all_done, what="three tasks done", timeout=20)
+        who = 'pool="p",worker="counted"'
+        figures: dict[str, float] = {}
+
+        def settled() -> bool:
+            figures.update(scrape(port))
+            return figures.get(f'roost_worker_settles_total{{outcome="succeeded",{who}}}') == 3
+
+        await eventually(settled, what="the metrics to count three", timeout=10)
+        assert figures[f"roost_worker_claims_total{{{who}}}"] == 3
+        assert figures[f'roost_worker_settles_total{{outcome="failed",{who}}}'] == 0
+        assert figures[f"roost_worker_running_tasks{{{who}}}"] == 0
+        assert figures[f"roost_worker_draining{{{who}}}"] == 0
+        os.kill(proc.pid, signal.SIGTERM)  # a drain, by its own pid
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+    finally:
+        await stop(proc)

@@ -22,6 +22,7 @@ import click
 from roost.store.errors import StoreError
 from roost.worker.config import INSTANCE_REF_ENVS, WorkerConfig
 from roost.worker.errors import TargetNotFound
+from roost.worker.metrics import serve_metrics
 from roost.worker.runtime import ExitReason, Worker
 
 ENV = "ROOST_WORKER_"
@@ -50,8 +51,15 @@ def load_target(target: str, app_dir: str | None = None) -> Callable[[Any], Any]
     return obj  # type: ignore[no-any-return]
 
 
-async def _serve(fn: Callable[[Any], Any], config: WorkerConfig) -> ExitReason:
+async def _serve(fn: Callable[[Any], Any], config: WorkerConfig,
+                 metrics: tuple[str, int] | None = None) -> ExitReason:
     worker = Worker(fn, config)
+    if metrics is not None:
+        try:
+            serve_metrics(worker, *metrics)
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot serve metrics on {metrics[0]}:{metrics[1]}: {exc.strerror}") from None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -89,13 +97,16 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @_opt("--retry-backoff", type=click.FloatRange(0), default=1.0,
       help="Seconds before the first retry of a failed task; doubles per attempt.")
 @_opt("--retry-backoff-max", type=click.FloatRange(0), default=300.0)
+@_opt("--metrics-port", type=click.IntRange(1, 65535), default=None,
+      help="Serve Prometheus /metrics on this port (default: none).")
+@_opt("--metrics-host", default="0.0.0.0", help="Address for --metrics-port.")
 @_opt("--app-dir", default=".", help="Directory put first on sys.path to import MODULE.")
 @_opt("--log-level", default="info",
       type=click.Choice(["debug", "info", "warning", "error"]))
 def worker(target: str, pool: str, dsn: str, concurrency: int, lease: float,
            heartbeat: float, poll: float, revision: str, instance_ref: str, worker_id: str,
-           db_pool_size: int, retry_backoff: float, retry_backoff_max: float, app_dir: str,
-           log_level: str) -> None:
+           db_pool_size: int, retry_backoff: float, retry_backoff_max: float,
+           metrics_port: int | None, metrics_host: str, app_dir: str, log_level: str) -> None:
     """Run MODULE:FUNCTION for each task of a pool: claim under a lease, heartbeat, and
     drain on SIGTERM or when the controller asks."""
     logging.basicConfig(level=log_level.upper(),
@@ -111,7 +122,8 @@ def worker(target: str, pool: str, dsn: str, concurrency: int, lease: float,
     except (TargetNotFound, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     try:
-        reason = asyncio.run(_serve(fn, config))
+        metrics = None if metrics_port is None else (metrics_host, metrics_port)
+        reason = asyncio.run(_serve(fn, config, metrics))
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, asyncpg.PostgresError) as exc:

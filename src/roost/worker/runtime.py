@@ -188,6 +188,11 @@ class Worker:
         return self._running
 
     @property
+    def stopping(self) -> bool:
+        """A drain was asked for by signal or `stop` (the controller's is `mode`)."""
+        return self._stopping
+
+    @property
     def held(self) -> int:
         return len(self._held)
 
