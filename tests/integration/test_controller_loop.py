@@ -63,11 +63,12 @@ async def test_no_scale_down_before_stabilization_or_with_a_queue(rig: Rig) -> N
     await enqueue(rig.db, "p", 2, status="running")  # demand 3 = replicas 3
     await rig.tick()
     await set_tasks(rig.db, "p", frm="running", to="done", n=2)  # demand 1, queue empty
-    for _ in range(6):  # 0..50 s of the 60 s stabilization window
+    # 3 replicas, below small_pool_replicas (5): the 60 s window grows to 60 x 5 / 3
+    for _ in range(10):  # 0..90 s of the 100 s stabilization window
         await rig.tick()
         assert await rig.db.fetchval(
             "SELECT count(*) FROM workers WHERE status = 'draining'") == 0
-    await rig.tick()  # 60 s below current with an empty queue: one worker drains
+    await rig.tick()  # 100 s below current with an empty queue: one worker drains
     assert await rig.db.fetchval("SELECT count(*) FROM workers WHERE status = 'draining'") == 1
 
 

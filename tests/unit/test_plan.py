@@ -87,6 +87,38 @@ def test_scale_down_stabilization_and_empty_queue(
     assert len(drains) == (1 if desired < 4 else 0), rule  # one worker at a time
 
 
+# small_pool_replicas 5, window 60 s: a pool of n < 5 waits 60 x 5 / n seconds.
+@pytest.mark.parametrize(
+    ("rule", "replicas", "idle_for", "desired"),
+    [
+        ("one replica waits 300 s: idle 290 s holds", 1, 290, 1),
+        ("one replica waits 300 s: idle 300 s scales down", 1, 300, 0),
+        ("two replicas wait 150 s: idle 140 s holds", 2, 140, 2),
+        ("two replicas wait 150 s: idle 150 s scales down", 2, 150, 0),
+        ("four replicas wait 75 s: idle 70 s holds", 4, 70, 4),
+        ("five or more wait the plain window: idle 60 s scales down", 5, 60, 0),
+    ],
+)
+def test_small_pool_waits_longer(rule: str, replicas: int, idle_for: int,
+                                 desired: int) -> None:
+    settings = replace(SETTINGS, small_pool_replicas=5)
+    # busy until idle_for seconds ago, idle since (the plan adds NOW's own idle sample)
+    history = held([20] * 30 + [0] * (idle_for // 10))
+    p = run(snap(pool(replicas=replicas)), {"p": history}, settings=settings).pool("p")
+    assert p.desired_replicas == desired, rule
+    if desired == replicas:
+        assert "not yet held" in p.reason, rule
+    else:
+        assert f"for {60 * max(1, 5 / replicas):.0f}s" in p.reason, rule
+
+
+def test_the_small_pool_window_is_kept_in_the_history() -> None:
+    settings = replace(SETTINGS, small_pool_replicas=5)
+    hist = run(snap(pool(replicas=1)), {"p": held(0, seconds=1000)}, settings=settings).history
+    assert NOW - hist["p"].samples[0][0] >= 300  # the newest sample at or before NOW - 300
+    assert NOW - hist["p"].samples[0][0] < 310
+
+
 @pytest.mark.parametrize(
     ("rule", "replicas", "queued", "history", "bounds", "desired"),
     [
@@ -270,3 +302,5 @@ def test_settings_are_validated() -> None:
         PlanSettings(memory_target_percent=95, memory_hard_percent=90).validate()
     with pytest.raises(ValueError, match="scale_up_window"):
         PlanSettings(scale_up_window=-1).validate()
+    with pytest.raises(ValueError, match="small_pool_replicas"):
+        PlanSettings(small_pool_replicas=0).validate()

@@ -29,6 +29,7 @@ SETTINGS = PlanSettings(
     scale_up_window=30, scale_down_window=60, drain_timeout=120, max_input_age=30,
     heartbeat_timeout=30, memory_target_percent=80, memory_hard_percent=90,
     cpu_target_percent=80, db_non_worker_connections=10,
+    small_pool_replicas=1,  # the plain windows; test_small_pool_waits_longer has its own
 )
 
 

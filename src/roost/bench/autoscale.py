@@ -598,6 +598,9 @@ def _markdown(doc: dict[str, Any]) -> str:
 @click.option("--down-window", type=float, default=PlanSettings().scale_down_window,
               show_default=True,
               help="roost's PlanSettings.scale_down_window.")
+@click.option("--small-pool", "small_pool_replicas", type=click.IntRange(1),
+              default=PlanSettings().small_pool_replicas, show_default=True,
+              help="roost's PlanSettings.small_pool_replicas (1: off).")
 @click.option("--slo-seconds", type=float, default=5.0, show_default=True,
               help="A minute meets the SLO when its tasks' p99 queue wait is at most this.")
 @click.option("--seed", type=int, default=42, show_default=True)
@@ -608,8 +611,9 @@ def _markdown(doc: dict[str, Any]) -> str:
 def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[str, ...],
               peak: float, minutes: int, start: int | None, service_mean: float,
               service_sigma: float, slots: int, target_per_replica: int, startup: float,
-              interval: float, up_window: float, down_window: float, slo_seconds: float,
-              seed: int, json_out: Path | None, quick: bool) -> None:
+              interval: float, up_window: float, down_window: float,
+              small_pool_replicas: int, slo_seconds: float, seed: int,
+              json_out: Path | None, quick: bool) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE
@@ -627,7 +631,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
     if not window:
         raise click.ClickException(f"--start {start} is past the end ({len(counts)} minutes)")
     rates = rates_per_second(window, peak)
-    settings = PlanSettings(scale_up_window=up_window, scale_down_window=down_window)
+    settings = PlanSettings(scale_up_window=up_window, scale_down_window=down_window,
+                            small_pool_replicas=small_pool_replicas)
     cfg = SimConfig(slots=slots, target_per_replica=target_per_replica, startup=startup,
                     interval=interval, settings=settings, seed=seed)
     console = Console(stderr=True)
@@ -650,7 +655,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
             "service": f"lognormal mean {service_mean}s sigma {service_sigma}",
             "slots": slots, "target_per_replica": target_per_replica, "startup": startup,
             "roost_interval": interval, "roost_scale_up_window": up_window,
-            "roost_scale_down_window": down_window, "hpa_sync": HPA_SYNC,
+            "roost_scale_down_window": down_window,
+            "roost_small_pool_replicas": small_pool_replicas, "hpa_sync": HPA_SYNC,
             "hpa_tolerance": HPA_TOLERANCE, "hpa_scale_down_stabilization": HPA_DOWN_WINDOW,
             "seed": seed,
         },

@@ -40,6 +40,8 @@ _HELP = {
     "scale_up_window": "Seconds demand must stay above current before scaling up.",
     "scale_down_window": "Stabilization: seconds demand must stay below current (and the "
                          "queue be empty) before scaling down.",
+    "small_pool_replicas": "Below this many replicas the scale-down window grows to "
+                           "window x this / replicas (1: off).",
     "drain_timeout": "Seconds a draining worker may take before it is re-activated.",
     "memory_target_percent": "Stop growing when the pool's nodes reach this memory use.",
     "memory_hard_percent": "Never place a worker that takes a node past this memory use.",

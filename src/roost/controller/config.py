@@ -10,6 +10,7 @@ level or under ``[controller]``::
     interval = 10
     scale_up_window = 30
     scale_down_window = 60
+    small_pool_replicas = 5
     memory_target_percent = 80
     static_config = "static-pools.toml"
     kubernetes_config = "kubernetes.toml"
@@ -39,6 +40,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     interval: float = 10.0
     scale_up_window: float = 30.0
     scale_down_window: float = PlanSettings().scale_down_window
+    small_pool_replicas: int = PlanSettings().small_pool_replicas
     drain_timeout: float = 600.0
     memory_target_percent: float = 80.0
     memory_hard_percent: float = 90.0
@@ -82,6 +84,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         return PlanSettings(
             scale_up_window=self.scale_up_window,
             scale_down_window=self.scale_down_window,
+            small_pool_replicas=self.small_pool_replicas,
             drain_timeout=self.drain_timeout,
             memory_target_percent=self.memory_target_percent,
             memory_hard_percent=self.memory_hard_percent,

@@ -169,6 +169,11 @@ def _pool_freeze(p: PoolInputs, now: float, s: PlanSettings) -> str | None:
     return None
 
 
+def scale_down_window(replicas: int, s: PlanSettings) -> float:
+    """The stabilization a pool of ``replicas`` waits before it scales down."""
+    return s.scale_down_window * max(1.0, s.small_pool_replicas / max(replicas, 1))
+
+
 def _windowed(p: PoolInputs, hist: PoolHistory, current: int, now: float,
               s: PlanSettings) -> tuple[int, str]:
     """Replicas demand justifies after the windows, before min/max and caps."""
@@ -176,7 +181,8 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, now: float,
     target = p.spec.target_per_replica
     raw = raw_desired(p.demand.outstanding, target)
     up = hist.window(now, s.scale_up_window)
-    down = hist.window(now, s.scale_down_window)
+    down_window = scale_down_window(current, s)
+    down = hist.window(now, down_window)
     if raw > current:
         low = raw_desired(min(up), target) if up else None
         if low is not None and low > current:
@@ -187,10 +193,10 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, now: float,
         high = raw_desired(max(down), target) if down else None
         if high is None or high >= current:
             return current, f"stabilization: demand {raw} < {current} not yet held for " \
-                            f"{s.scale_down_window:.0f}s"
+                            f"{down_window:.0f}s"
         if p.demand.queued:
             return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
-        return high, f"demand below {current} for {s.scale_down_window:.0f}s, queue empty"
+        return high, f"demand below {current} for {down_window:.0f}s, queue empty"
     return current, "demand matches replicas"
 
 
@@ -207,7 +213,7 @@ class _Draft:
 
 def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: float,
            s: PlanSettings) -> _Draft:
-    keep = max(s.scale_up_window, s.scale_down_window)
+    keep = max(s.scale_up_window, scale_down_window(1, s))
     hist = prev.add(now, p.demand.outstanding, keep) if p.demand is not None else PoolHistory()
     current = p.infra.target_replicas if p.infra is not None else None
     raw = raw_desired(p.demand.outstanding, p.spec.target_per_replica) if p.demand else None

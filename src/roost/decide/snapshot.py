@@ -155,6 +155,12 @@ class PlanSettings:
     scale_down_window: float = 60.0
     """Shorter than HPA's 300 s, since a scale-down removes only a drained worker, one at
     a time, with the queue empty: an early one costs a restart later, never work."""
+    small_pool_replicas: int = 5
+    """Below this many replicas a pool waits longer to scale down:
+    ``scale_down_window * small_pool_replicas / replicas`` (300 s at one replica with the
+    defaults, as HPA). Removing one of n replicas takes 1/n of the capacity, and a
+    removal made too early costs a replica's startup of queueing, which a small pool
+    feels most. 1 turns it off."""
     drain_timeout: float = 600.0
     memory_target_percent: float = 80.0
     memory_hard_percent: float = 90.0
@@ -173,6 +179,8 @@ class PlanSettings:
                      "max_input_age", "heartbeat_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.small_pool_replicas < 1:
+            raise ValueError("small_pool_replicas must be >= 1")
         if not 0 < self.memory_target_percent <= self.memory_hard_percent <= 100:
             raise ValueError("need 0 < memory target % <= memory hard % <= 100")
         if not 0 < self.cpu_target_percent <= 100:
