@@ -105,14 +105,30 @@ async def run_until_signalled(cluster: LocalCluster, on_ready: Callable[[], str]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await cluster.start()
-        click.echo(on_ready())
-        await stop.wait()
-        click.echo("\nstopping roost ...", err=True)
+        await run_until(cluster, on_ready, stop)
     finally:
-        await cluster.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def run_until(cluster: LocalCluster, on_ready: Callable[[], str],
+                    stop: asyncio.Event) -> None:
+    """Start ``cluster``, run until ``stop`` is set, then stop it. A stop while it is
+    still starting skips the components not yet started."""
+    starting = asyncio.ensure_future(cluster.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            click.echo("\nstopping roost before it finished starting ...", err=True)
+            cluster.abandon_start()
+        if await starting:
+            click.echo(on_ready())
+            await stopping
+            click.echo("\nstopping roost ...", err=True)
+    finally:
+        stopping.cancel()
+        await cluster.stop()
     click.echo("roost stopped.", err=True)
 
 

@@ -177,17 +177,30 @@ class LocalCluster:
     def __init__(self, components: Sequence[Component]) -> None:
         self.components = list(components)
         self._started: list[Component] = []
+        self._abandon = False
 
-    async def start(self) -> None:
-        """Start every component in order; if one fails, stop those already started."""
+    async def start(self) -> bool:
+        """Start every component in order; if one fails, stop those already started.
+
+        False if `abandon_start` cut it short: the components started so far still run,
+        for `stop` to stop in order."""
         try:
             for c in self.components:
+                if self._abandon:
+                    log.info("start abandoned before %s", c.name)
+                    return False
                 log.info("starting %s", c.name)
                 await c.start()
                 self._started.append(c)
         except BaseException:
             await self.stop()
             raise
+        return True
+
+    def abandon_start(self) -> None:
+        """Start no further component. The one starting now finishes (its start is
+        bounded, and a process half-started in a thread could not be stopped safely)."""
+        self._abandon = True
 
     async def stop(self) -> None:
         while self._started:
