@@ -3,10 +3,13 @@ windows, drain-safe scale-down, freezes and shadow mode, tick by tick."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from roost.controller.clock import FakeClock
 from roost.controller.orchestrator import (
     OrchestratorUnavailable,
     PoolRef,
@@ -236,3 +239,30 @@ async def test_a_deposed_leaders_write_fails_on_the_epoch_and_aborts_the_tick(ri
     assert await rig.db.fetchval("SELECT count(*) FROM desired_capacity") == 0
     ready, why = c.readiness()
     assert not ready and why.startswith("deposed")
+
+
+async def test_a_database_clock_far_from_the_controllers_is_reported(
+        pg_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="roost.controller")
+    rig = Rig(pg_dsn, await open_db(pg_dsn), clock=FakeClock(start=time.time()))
+    try:
+        c = rig.controller()
+
+        def offset() -> float | None:
+            return c.metrics.registry.get_sample_value(
+                "roost_controller_db_clock_offset_seconds")
+
+        await rig.tick(advance=0)
+        assert offset() == pytest.approx(0, abs=5)
+        assert "clock" not in caplog.text
+        await rig.tick(advance=60)  # this controller's clock now runs 60 s ahead
+        assert offset() == pytest.approx(-60, abs=5)
+        assert "the database's clock is -6" in caplog.text
+        assert caplog.text.count("the database's clock is -") == 1
+        await rig.tick(advance=0)
+        assert caplog.text.count("the database's clock is -") == 1  # said once
+        rig.clock.now = time.time()
+        await rig.tick(advance=0)
+        assert "back within 10.0s" in caplog.text
+    finally:
+        await rig.close()

@@ -67,6 +67,7 @@ class Controller:
         self.actuator = Actuator(db, orchestrators, clock=clock, timeout=config.io_timeout,
                                  still_leader=lambda: leadership.is_leader)
         self.history: dict[str, PoolHistory] = {}
+        self._clock_skewed = False
         self.last_plan: Plan | None = None
         self.published: list[runtime.Published] = []
         self.queue: dict[str, Demand] = {}
@@ -133,6 +134,23 @@ class Controller:
         m.epoch.set(self.leadership.epoch or 0)
         return result
 
+    def _watch_clock(self, offset: float) -> None:
+        """Heartbeat ages and drain deadlines compare the database's timestamps with this
+        controller's clock. A skew of a few seconds does no harm (the drain mark itself
+        is ordered by the database, see `fenced.mark_draining`); a larger one makes live
+        workers look silent (never drained: no scale-down) or dead ones look alive, so
+        the operator is told, once, and the gauge shows it."""
+        self.metrics.db_clock_offset.set(offset)
+        skewed = abs(offset) > self.settings.heartbeat_timeout / 3
+        if skewed and not self._clock_skewed:
+            log.warning("the database's clock is %+.1fs from this controller's: heartbeat "
+                        "ages and drain deadlines are off by as much; sync both clocks "
+                        "(NTP)", offset)
+        elif self._clock_skewed and not skewed:
+            log.info("the database's clock is back within %.1fs of this controller's",
+                     self.settings.heartbeat_timeout / 3)
+        self._clock_skewed = skewed
+
     async def _follow(self) -> None:
         self.history = {}
         if self.last_plan is not None:
@@ -152,6 +170,8 @@ class Controller:
             self._epoch_seen = epoch
         snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
                                        timeout=self.config.io_timeout)
+        if snapshot.db is not None:
+            self._watch_clock(snapshot.db.clock_offset)
         now = self.clock.time()
         p = plan(snapshot, self.history, now=now, settings=self.settings)
         self.history = p.history

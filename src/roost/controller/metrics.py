@@ -32,6 +32,10 @@ class ControllerMetrics:
                             ["pool", "reason"], registry=r)
         self.queue = Gauge("roost_controller_queue_tasks", "Tasks per pool and state.",
                            ["pool", "state"], registry=r)
+        self.db_clock_offset = Gauge(
+            "roost_controller_db_clock_offset_seconds",
+            "The database's clock minus this controller's (heartbeat ages and drain "
+            "deadlines compare the two).", registry=r)
         self.actions = Counter("roost_controller_scale_actions_total",
                                "Scale actions by kind and outcome.",
                                ["pool", "kind", "outcome"], registry=r)

@@ -125,6 +125,8 @@ class DbHealth:
     """Synchronous replication peers currently attached (pg_stat_replication)."""
     in_recovery: bool
     observed_at: float
+    clock_offset: float = 0.0
+    """The database's clock minus the controller's, seconds, as read with the rest."""
 
 
 @dataclass(frozen=True, slots=True)

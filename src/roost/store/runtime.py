@@ -53,6 +53,8 @@ async def read_db_health(conn: Any, *, observed_at: float,
 
     ``reserved_connections`` exists from Postgres 16; before, only the superuser slots
     are reserved. Synchronous peers are the walsenders in 'sync' or 'quorum' state.
+    ``clock_offset`` is the server's clock minus ``observed_at`` (the caller's clock just
+    before the query), so it includes up to one round trip.
     """
     row = await conn.fetchrow(
         "SELECT current_setting('max_connections')::int AS max_connections, "
@@ -61,7 +63,8 @@ async def read_db_health(conn: Any, *, observed_at: float,
         "  AS reserved, "
         "(SELECT count(*) FROM pg_stat_replication "
         "  WHERE sync_state IN ('sync', 'quorum'))::int AS sync_peers, "
-        "pg_is_in_recovery() AS in_recovery",
+        "pg_is_in_recovery() AS in_recovery, "
+        "extract(epoch FROM clock_timestamp())::float8 AS db_time",
         timeout=timeout,
     )
     return DbHealth(
@@ -70,6 +73,7 @@ async def read_db_health(conn: Any, *, observed_at: float,
         sync_peers=int(row["sync_peers"]),
         in_recovery=bool(row["in_recovery"]),
         observed_at=observed_at,
+        clock_offset=float(row["db_time"]) - observed_at,
     )
 
 
