@@ -226,6 +226,23 @@ async def test_a_gateway_just_started_asks_the_bus_even_if_its_view_looks_full(
         await gw.stop()
 
 
+async def test_every_instance_of_a_refused_request_joins_the_learned_workload(
+    nats_server: NatsServer, bus: Client
+) -> None:
+    """More than the launches run at once (32), refused by the bus, not the view: the
+    ones never started count too, as they do when the view answers."""
+    gw = Gateway(GatewayConfig(nats_urls=[nats_server.url], port=0, auth=False,
+                               full_after=60.0))
+    await gw.start()
+    try:
+        await willing_node(gw, bus, free_cpu=0)
+        resp = await post(gw, RUN.replace("MaxCount=1", "MaxCount=40"))
+        assert resp.status_code == 500 and "InsufficientInstanceCapacity" in resp.text
+        assert gw.service is not None and len(gw.service.launcher.window) == 40
+    finally:
+        await gw.stop()
+
+
 async def test_a_view_where_every_node_is_full_answers_without_asking(
     gateway: Gateway, bus: Client
 ) -> None:

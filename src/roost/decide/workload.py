@@ -316,7 +316,7 @@ class UsableResources:
 
 
 class WorkloadWindow:
-    """The workload a gateway can know: the last ``size`` requests it placed.
+    """The workload a gateway can know: the last ``size`` instances asked of it.
 
     `observe` each request; `current` is a `Workload` over the window, rebuilt only
     every ``refresh`` requests so that policies built on it (and their memoised

@@ -130,6 +130,18 @@ def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
         raise click.ClickException(f"gateway failed: {type(exc).__name__}: {exc}") from None
 
 
+async def cancel_until_done(task: asyncio.Task[Any], *, every: float = 0.5) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling again every ``every``
+    seconds. Once is not enough for nats-py's connect loop: a cancellation landing as
+    an inner wait completes can be swallowed (asyncio.wait_for on Python 3.11,
+    CPython gh-86296, and nats-py's own close path), after which the loop retries an
+    unreachable server forever. Seen as a gateway ignoring SIGTERM about 1 in 60 times."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=every)
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def _serve(gw: Gateway) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -143,8 +155,7 @@ async def _serve(gw: Gateway) -> None:
         # A signal while NATS is still unreachable must stop the start, not wait for it.
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
+            await cancel_until_done(starting)
             return
         starting.result()
         click.echo(f"gateway ready on {gw.endpoint}", err=True)

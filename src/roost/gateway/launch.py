@@ -222,10 +222,9 @@ class Launcher:
         if reconcile_first and (found := await self._reconcile(req.launch_id)) is not None:
             return found
         attempts: list[Attempt] = []
-        # A declared workload (`roost bench placement --workload trace`), or the one seen
-        # so far, which this request then joins (`--workload online`).
+        # A declared workload (`roost gateway --workload`), or the one seen so far
+        # (`Ec2Service.run_instances` has added this request to it).
         workload = self._policy.workload or self._workload.current()
-        self.observe(itype)
         self.refuse_if_full(itype, zone)
         if self._policy.policy != "anycast":
             found = await self._targeted(req, itype, zone, workload, attempts)

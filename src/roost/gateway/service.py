@@ -108,6 +108,9 @@ class Ec2Service:
     async def run_instances(self, req: RunInstancesRequest) -> Reservation:
         itype = await self._validate(req)
         zone = req.availability_zone
+        # Every instance asked for joins the workload the roost and fgd policies learn
+        # from, placed or not (a replayed ClientToken is not asked for again).
+        count = min(req.max_count, self.site.max_instances_per_request)
         if self.launcher.says_full(itype, zone) and not (
                 req.client_token and await self.tokens.known(owner_id=self.site.owner_id,
                                                              token=req.client_token)):
@@ -117,9 +120,7 @@ class Ec2Service:
                 self.launcher.refuse_if_full(itype, zone)
             except InsufficientInstanceCapacity:
                 self.metrics.launches.labels("insufficient_capacity").inc(req.min_count)
-                # Still demand: the workload-aware policies learn from what is asked.
-                self.launcher.observe(itype, min(req.max_count,
-                                                 self.site.max_instances_per_request))
+                self.launcher.observe(itype, count)
                 raise
         claim: Claim | None = None
         rid = new_reservation_id()
@@ -130,7 +131,7 @@ class Ec2Service:
             if isinstance(found, TokenEntry):
                 return self._replay(found)
             claim, rid = found, found.reservation_id
-        count = min(req.max_count, self.site.max_instances_per_request)
+        self.launcher.observe(itype, count)
         launches = [self._launch_request(req, rid, i) for i in range(count)]
         started = asyncio.get_running_loop().time()
         try:
