@@ -44,7 +44,7 @@ async def test_a_stop_while_starting_skips_the_rest_and_stops_what_started() -> 
         await slow_started.wait()
         stop.set()
 
-    await asyncio.gather(run_until(cluster, lambda: ready.append("ready") or "", stop),
+    await asyncio.gather(run_until(cluster, lambda: ready.append("ready") or "", stop=stop),
                          press_ctrl_c())
     assert log == ["start nats", "up nats", "start postgres", "up postgres",
                    "stop postgres", "stop nats"]
@@ -60,7 +60,7 @@ async def test_a_stop_after_start_stops_everything_in_reverse() -> None:
         stop.set()
         return "ready"
 
-    await run_until(cluster, on_ready, stop)
+    await run_until(cluster, on_ready, stop=stop)
     assert log == ["start nats", "up nats", "start gateway", "up gateway",
                    "stop gateway", "stop nats"]
 
@@ -74,5 +74,38 @@ async def test_a_failed_start_stops_what_started_and_raises() -> None:
 
     cluster = LocalCluster([Recorder("nats", log), Broken("gateway", log)])
     with pytest.raises(OSError, match="port in use"):
-        await run_until(cluster, lambda: "ready", asyncio.Event())
+        await run_until(cluster, lambda: "ready", stop=asyncio.Event())
     assert log == ["start nats", "up nats", "stop nats"]
+
+
+async def test_a_stop_while_the_last_component_starts_never_announces_ready() -> None:
+    log: list[str] = []
+    last_started = asyncio.Event()
+    stop = asyncio.Event()
+    cluster = LocalCluster([Recorder("nats", log),
+                            Recorder("controller", log, start_for=0.3, started=last_started)])
+    ready: list[str] = []
+
+    async def press_ctrl_c() -> None:
+        await last_started.wait()
+        stop.set()
+
+    await asyncio.gather(run_until(cluster, lambda: ready.append("ready") or "", stop=stop),
+                         press_ctrl_c())
+    assert ready == []
+    assert log[-2:] == ["stop controller", "stop nats"]
+
+
+async def test_cancelled_while_starting_it_still_stops_what_the_start_finished() -> None:
+    log: list[str] = []
+    slow_started = asyncio.Event()
+    cluster = LocalCluster([Recorder("nats", log),
+                            Recorder("postgres", log, start_for=0.3, started=slow_started),
+                            Recorder("gateway", log)])
+    job = asyncio.ensure_future(run_until(cluster, lambda: "ready", stop=asyncio.Event()))
+    await slow_started.wait()
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    assert log == ["start nats", "up nats", "start postgres", "up postgres",
+                   "stop postgres", "stop nats"]

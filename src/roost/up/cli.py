@@ -105,16 +105,17 @@ async def run_until_signalled(cluster: LocalCluster, on_ready: Callable[[], str]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await run_until(cluster, on_ready, stop)
+        await run_until(cluster, on_ready, stop=stop)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 
 
-async def run_until(cluster: LocalCluster, on_ready: Callable[[], str],
+async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
                     stop: asyncio.Event) -> None:
     """Start ``cluster``, run until ``stop`` is set, then stop it. A stop while it is
-    still starting skips the components not yet started."""
+    still starting skips the components not yet started, and roost is never announced
+    as ready."""
     starting = asyncio.ensure_future(cluster.start())
     stopping = asyncio.ensure_future(stop.wait())
     try:
@@ -122,12 +123,16 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str],
         if not starting.done():
             click.echo("\nstopping roost before it finished starting ...", err=True)
             cluster.abandon_start()
-        if await starting:
+        if await starting and not stop.is_set():
             click.echo(on_ready())
             await stopping
             click.echo("\nstopping roost ...", err=True)
     finally:
         stopping.cancel()
+        # Cancelled from outside while starting: let the start end first, or what it
+        # started after this stop would be left running.
+        cluster.abandon_start()
+        await asyncio.gather(starting, return_exceptions=True)
         await cluster.stop()
     click.echo("roost stopped.", err=True)
 
