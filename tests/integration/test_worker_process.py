@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -174,3 +175,25 @@ async def test_a_worker_serves_its_figures_as_prometheus_metrics(
         assert await asyncio.wait_for(proc.wait(), 15) == 0
     finally:
         await stop(proc)
+
+
+async def test_a_metrics_port_already_taken_costs_the_metrics_not_the_worker(
+    db: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "runs.log"
+    task = (await tq.submit(db, "p", {"log": str(log), "seconds": 0.01})).task_id
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await start_worker(pg_dsn, "tests.worker_tasks:slow", "no-metrics",
+                                  "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
+        try:
+            await eventually(lambda: _done(db, task), what="the task done", timeout=20)
+            os.kill(proc.pid, signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert proc.stderr is not None
+            err = (await proc.stderr.read()).decode()
+            assert f"not serving metrics: cannot listen on 127.0.0.1:{port}" in err
+        finally:
+            await stop(proc)

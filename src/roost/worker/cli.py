@@ -51,15 +51,19 @@ def load_target(target: str, app_dir: str | None = None) -> Callable[[Any], Any]
     return obj  # type: ignore[no-any-return]
 
 
-async def _serve(fn: Callable[[Any], Any], config: WorkerConfig,
+async def _serve(fn: Callable[[Any], Any], config: WorkerConfig, *,
                  metrics: tuple[str, int] | None = None) -> ExitReason:
     worker = Worker(fn, config)
     if metrics is not None:
+        host, port = metrics
         try:
-            serve_metrics(worker, *metrics)
+            serve_metrics(worker, host=host, port=port)
         except OSError as exc:
-            raise click.ClickException(
-                f"cannot serve metrics on {metrics[0]}:{metrics[1]}: {exc.strerror}") from None
+            # Tasks matter more than figures: a port already taken (say, by another
+            # worker on the same host, all started with one environment) costs the
+            # metrics, not the worker.
+            logging.getLogger("roost.worker").warning(
+                "not serving metrics: cannot listen on %s:%d: %s", host, port, exc.strerror)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -123,7 +127,7 @@ def worker(target: str, pool: str, dsn: str, concurrency: int, lease: float,
         raise click.UsageError(str(exc)) from None
     try:
         metrics = None if metrics_port is None else (metrics_host, metrics_port)
-        reason = asyncio.run(_serve(fn, config, metrics))
+        reason = asyncio.run(_serve(fn, config, metrics=metrics))
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, asyncpg.PostgresError) as exc:

@@ -57,7 +57,7 @@ class WorkerCollector(Collector):
             yield gauge
 
 
-def serve_metrics(worker: Worker, host: str, port: int) -> CollectorRegistry:
+def serve_metrics(worker: Worker, *, host: str, port: int) -> CollectorRegistry:
     """Serve ``/metrics`` for ``worker`` on ``host:port`` from a daemon thread."""
     registry = CollectorRegistry()
     registry.register(WorkerCollector(worker))
