@@ -4,6 +4,7 @@ windows, drain-safe scale-down, freezes and shadow mode, tick by tick."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -264,5 +265,11 @@ async def test_a_database_clock_far_from_the_controllers_is_reported(
         rig.clock.now = time.time()
         await rig.tick(advance=0)
         assert "back within 10.0s" in caplog.text
+
+        follower = rig.controller()
+        await rig.tick(follower, advance=0)
+        assert not follower.leadership.is_leader
+        assert math.isnan(follower.metrics.registry.get_sample_value(
+            "roost_controller_db_clock_offset_seconds") or 0.0)
     finally:
         await rig.close()

@@ -134,12 +134,16 @@ class Controller:
         m.epoch.set(self.leadership.epoch or 0)
         return result
 
-    def _watch_clock(self, offset: float) -> None:
+    def _watch_clock(self, offset: float | None) -> None:
         """Heartbeat ages and drain deadlines compare the database's timestamps with this
         controller's clock. A skew of a few seconds does no harm (the drain mark itself
         is ordered by the database, see `fenced.mark_draining`); a larger one makes live
         workers look silent (never drained: no scale-down) or dead ones look alive, so
-        the operator is told, once, and the gauge shows it."""
+        the operator is told, once, and the gauge shows it. Not measured (a follower, or
+        the health read failed): NaN, not a stale figure."""
+        if offset is None:
+            self.metrics.db_clock_offset.set(float("nan"))
+            return
         self.metrics.db_clock_offset.set(offset)
         skewed = abs(offset) > self.settings.heartbeat_timeout / 3
         if skewed and not self._clock_skewed:
@@ -152,6 +156,7 @@ class Controller:
         self._clock_skewed = skewed
 
     async def _follow(self) -> None:
+        self._watch_clock(None)
         self.history = {}
         if self.last_plan is not None:
             self.metrics.clear_plan()
@@ -170,8 +175,7 @@ class Controller:
             self._epoch_seen = epoch
         snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
                                        timeout=self.config.io_timeout)
-        if snapshot.db is not None:
-            self._watch_clock(snapshot.db.clock_offset)
+        self._watch_clock(None if snapshot.db is None else snapshot.db.clock_offset)
         now = self.clock.time()
         p = plan(snapshot, self.history, now=now, settings=self.settings)
         self.history = p.history

@@ -35,7 +35,9 @@ class ControllerMetrics:
         self.db_clock_offset = Gauge(
             "roost_controller_db_clock_offset_seconds",
             "The database's clock minus this controller's (heartbeat ages and drain "
-            "deadlines compare the two).", registry=r)
+            "deadlines compare the two). NaN until measured, and on a follower.",
+            registry=r)
+        self.db_clock_offset.set(float("nan"))
         self.actions = Counter("roost_controller_scale_actions_total",
                                "Scale actions by kind and outcome.",
                                ["pool", "kind", "outcome"], registry=r)
