@@ -86,11 +86,13 @@ async def test_concurrent_claims_never_share_a_task(db: Any) -> None:
 async def test_an_expired_lease_requeues_and_the_old_token_is_refused(db: Any) -> None:
     w1, w2 = await worker(db, "w1"), await worker(db, "w2")
     tid = (await tq.submit(db, "p", {"job": 1})).task_id
-    [first] = await tq.claim(db, "p", w1, limit=5, lease=0.3)
+    # Leases of a second: room for a loaded machine between the claim and the checks
+    # that it is still live.
+    [first] = await tq.claim(db, "p", w1, limit=5, lease=1.0)
     assert (first.task_id, first.attempt, first.payload) == (tid, 1, {"job": 1})
     assert await tq.claim(db, "p", w2, limit=5, lease=5) == []  # held under a live lease
     assert await tq.reap_expired(db, "p") == 0
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(1.1)
     assert await tq.reap_expired(db, "p") == 1
     assert (await tq.get_task(db, tid)).status is TaskStatus.QUEUED
     [second] = await tq.claim(db, "p", w2, limit=5, lease=5)
@@ -113,11 +115,11 @@ async def test_heartbeat_renews_leases_and_counts_them(db: Any) -> None:
     w1, w2 = await worker(db, "w1"), await worker(db, "w2")
     await tq.submit(db, "p", 1)
     await tq.submit(db, "p", 2)
-    claims = await tq.claim(db, "p", w1, limit=5, lease=0.4)
+    claims = await tq.claim(db, "p", w1, limit=5, lease=1.0)
     held = {c.task_id: c.token for c in claims}
-    for _ in range(4):
+    for _ in range(6):  # 1.2 s of beats, past the 1 s lease: only renewals keep it
         await asyncio.sleep(0.2)
-        beat = await wq.heartbeat(db, w1, held=held, running=2, lease=0.4)
+        beat = await wq.heartbeat(db, w1, held=held, running=2, lease=1.0)
         assert beat.renewed == set(held) and beat.active_leases == 2
         assert await tq.reap_expired(db, "p") == 0
     assert await tq.claim(db, "p", w2, limit=5, lease=5) == []
@@ -126,10 +128,10 @@ async def test_heartbeat_renews_leases_and_counts_them(db: Any) -> None:
     # Stop renewing one: it expires, is reaped, and the next beat reports it lost.
     keep = min(held)
     await asyncio.sleep(0.2)
-    await wq.heartbeat(db, w1, held={keep: held[keep]}, running=1, lease=0.4)
-    await asyncio.sleep(0.3)
+    await wq.heartbeat(db, w1, held={keep: held[keep]}, running=1, lease=30)
+    await asyncio.sleep(0.9)  # the other's 1 s lease runs out; the kept one has 30 s
     assert await tq.reap_expired(db, "p") == 1
-    beat = await wq.heartbeat(db, w1, held=held, running=2, lease=0.4)
+    beat = await wq.heartbeat(db, w1, held=held, running=2, lease=30)
     assert beat.renewed == {keep} and beat.active_leases == 1
 
 
@@ -137,11 +139,11 @@ async def test_failures_retry_with_backoff_until_attempts_run_out(db: Any) -> No
     w = await worker(db, "w1")
     tid = (await tq.submit(db, "p", "x", max_attempts=2)).task_id
     [c1] = await tq.claim(db, "p", w, limit=1, lease=5)
-    s = await tq.fail(db, tid, c1.token, "boom", retry=True, delay=0.3)
+    s = await tq.fail(db, tid, c1.token, "boom", retry=True, delay=1.0)
     assert s.status is TaskStatus.QUEUED and not s.already
-    assert (await tq.fail(db, tid, c1.token, "boom", retry=True, delay=0.3)).already
+    assert (await tq.fail(db, tid, c1.token, "boom", retry=True, delay=1.0)).already
     assert await tq.claim(db, "p", w, limit=1, lease=5) == []  # backing off
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(1.1)
     [c2] = await tq.claim(db, "p", w, limit=1, lease=5)
     assert c2.attempt == 2
     s = await tq.fail(db, tid, c2.token, "boom again", retry=True, delay=0)
