@@ -85,7 +85,7 @@ def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         if base is bool:
             decl = f"--{flag}/--no-{flag}"
             fn = click.option(decl, f.name, default=None, envvar=ENV + f.name.upper(),
-                              help=_HELP.get(f.name, ""))(fn)
+                              show_envvar=True, help=_HELP.get(f.name, ""))(fn)
         else:
             fn = click.option(f"--{flag}", f.name, type=base, default=None,
                               envvar=ENV + f.name.upper(), show_envvar=True,
@@ -95,10 +95,11 @@ def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.command("controller")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False,
-              path_type=Path), envvar=ENV + "CONFIG", help="TOML file of settings.")
+              path_type=Path), envvar=ENV + "CONFIG", show_envvar=True,
+              help="TOML file of settings.")
 @click.option("--print-config", is_flag=True, help="Print the effective settings and exit.")
-@click.option("--log-level", default="info", envvar=ENV + "LOG_LEVEL",
-              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-level", default="info", envvar=ENV + "LOG_LEVEL", show_envvar=True,
+              show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 @_config_options
 def controller(config_file: Path | None, print_config: bool, log_level: str,
                **settings: Any) -> None:

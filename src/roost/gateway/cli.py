@@ -54,7 +54,8 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
               help="Accepted access keys; repeat or comma-separate. "
                    "Env: ROOST_GATEWAY_CREDENTIALS.")
 @click.option("--no-auth", is_flag=True, envvar="ROOST_GATEWAY_NO_AUTH",
-              help="Accept unsigned requests. For development only; logged loudly.")
+              help="Accept unsigned requests. For development only; logged loudly. "
+                   "Env: ROOST_GATEWAY_NO_AUTH.")
 @click.option("--policy", envvar="ROOST_GATEWAY_POLICY", type=click.Choice(POLICIES),
               default=DEFAULT_POLICY, show_default=True,
               help="Placement policy: roost weighs GPU fragmentation and the room left "
@@ -71,10 +72,12 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
                    "Env: ROOST_GATEWAY_TYPES_CONFIG.")
 @click.option("--launch-timeout", envvar="ROOST_GATEWAY_LAUNCH_TIMEOUT",
               type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds to wait for a node's launch reply before reconciling.")
+              help="Seconds to wait for a node's launch reply before reconciling. "
+                   "Env: ROOST_GATEWAY_LAUNCH_TIMEOUT.")
 @click.option("--max-attempts", envvar="ROOST_GATEWAY_MAX_ATTEMPTS",
               type=click.IntRange(min=1), default=3, show_default=True,
-              help="Node-targeted attempts per instance before falling back to anycast.")
+              help="Node-targeted attempts per instance before falling back to anycast. "
+                   "Env: ROOST_GATEWAY_MAX_ATTEMPTS.")
 @click.option("--full-after", envvar="ROOST_GATEWAY_FULL_AFTER",
               type=click.FloatRange(min=0), default=FULL_AFTER, show_default=True,
               help="Seconds after start before a full cluster is answered from the capacity "
@@ -82,9 +85,10 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
                    "slower than every 2 s. Env: ROOST_GATEWAY_FULL_AFTER.")
 @click.option("--client-token-ttl", envvar="ROOST_GATEWAY_CLIENT_TOKEN_TTL",
               type=click.FloatRange(min=60), default=24 * 3600.0, show_default=True,
-              help="Seconds a RunInstances ClientToken is remembered.")
+              help="Seconds a RunInstances ClientToken is remembered. "
+                   "Env: ROOST_GATEWAY_CLIENT_TOKEN_TTL.")
 @click.option("--log-level", envvar="ROOST_GATEWAY_LOG_LEVEL", default="INFO",
-              show_default=True,
+              show_default=True, help="Env: ROOST_GATEWAY_LOG_LEVEL.",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
             credentials: tuple[str, ...], no_auth: bool, policy: str,
@@ -208,7 +212,8 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
 @click.option("--endpoint", envvar=["ROOST_ENDPOINT", "AWS_ENDPOINT_URL_EC2"],
               default="http://127.0.0.1:8773", show_default=True,
               help="The gateway. Env: ROOST_ENDPOINT or AWS_ENDPOINT_URL_EC2.")
-@click.option("--region", envvar="AWS_DEFAULT_REGION", default="roost-1", show_default=True)
+@click.option("--region", envvar="AWS_DEFAULT_REGION", default="roost-1", show_default=True,
+              help="Region to sign for. Env: AWS_DEFAULT_REGION.")
 @click.option("--json", "as_json", is_flag=True, help="Print the admin API's JSON.")
 def status(endpoint: str, region: str, as_json: bool) -> None:
     """A table of the nodes the gateway sees: free and allocatable capacity, what fits.
