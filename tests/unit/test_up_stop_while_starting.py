@@ -31,21 +31,28 @@ class Recorder:
         self.log.append(f"stop {self.name}")
 
 
-async def test_a_stop_while_starting_skips_the_rest_and_stops_what_started() -> None:
-    log: list[str] = []
-    slow_started = asyncio.Event()
+async def stop_once_started(cluster: LocalCluster, started: asyncio.Event) -> list[str]:
+    """Run ``cluster`` and press Ctrl-C as soon as ``started`` is set; what was
+    announced as ready (nothing, if the stop is honoured)."""
     stop = asyncio.Event()
-    cluster = LocalCluster([Recorder("nats", log),
-                            Recorder("postgres", log, start_for=0.3, started=slow_started),
-                            Recorder("gateway", log)])
     ready: list[str] = []
 
     async def press_ctrl_c() -> None:
-        await slow_started.wait()
+        await started.wait()
         stop.set()
 
     await asyncio.gather(run_until(cluster, lambda: ready.append("ready") or "", stop=stop),
                          press_ctrl_c())
+    return ready
+
+
+async def test_a_stop_while_starting_skips_the_rest_and_stops_what_started() -> None:
+    log: list[str] = []
+    slow_started = asyncio.Event()
+    cluster = LocalCluster([Recorder("nats", log),
+                            Recorder("postgres", log, start_for=0.3, started=slow_started),
+                            Recorder("gateway", log)])
+    ready = await stop_once_started(cluster, slow_started)
     assert log == ["start nats", "up nats", "start postgres", "up postgres",
                    "stop postgres", "stop nats"]
     assert ready == []  # never announced as ready
@@ -81,17 +88,9 @@ async def test_a_failed_start_stops_what_started_and_raises() -> None:
 async def test_a_stop_while_the_last_component_starts_never_announces_ready() -> None:
     log: list[str] = []
     last_started = asyncio.Event()
-    stop = asyncio.Event()
     cluster = LocalCluster([Recorder("nats", log),
                             Recorder("controller", log, start_for=0.3, started=last_started)])
-    ready: list[str] = []
-
-    async def press_ctrl_c() -> None:
-        await last_started.wait()
-        stop.set()
-
-    await asyncio.gather(run_until(cluster, lambda: ready.append("ready") or "", stop=stop),
-                         press_ctrl_c())
+    ready = await stop_once_started(cluster, last_started)
     assert ready == []
     assert log[-2:] == ["stop controller", "stop nats"]
 
