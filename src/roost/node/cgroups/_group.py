@@ -99,8 +99,10 @@ class InstanceCgroup(ABC):
     def can_freeze(self) -> bool: ...
 
     @abstractmethod
-    def _set_frozen(self, frozen: bool) -> bool:
-        """Freeze or thaw; True once the kernel reports the new state."""
+    def set_frozen(self, frozen: bool) -> bool:
+        """Freeze or thaw every member (needs `can_freeze`); True once the kernel reports
+        the new state, False if it did not within `FREEZE_TIMEOUT` (a task in
+        uninterruptible sleep can hold a freeze off)."""
 
     def _fast_kill(self) -> bool:
         """Kill every member at once if the kernel can (v2 `cgroup.kill`)."""
@@ -115,11 +117,11 @@ class InstanceCgroup(ABC):
                 return len(members - {os.getpid()})
         if not self.can_freeze or not self.exists():
             return self._kill_unfrozen(sig)
-        self._set_frozen(True)
+        self.set_frozen(True)
         try:
             return sum(_fs.signal(pid, sig) for pid in self.pids() - {os.getpid()})
         finally:
-            self._set_frozen(False)
+            self.set_frozen(False)
 
     def _kill_unfrozen(self, sig: int) -> int:
         seen = {os.getpid()}

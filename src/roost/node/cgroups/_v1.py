@@ -63,7 +63,7 @@ class V1InstanceCgroup(InstanceCgroup):
     def can_freeze(self) -> bool:
         return any("freezer" in key.split(",") for key in self.dirs)
 
-    def _set_frozen(self, frozen: bool) -> bool:
+    def set_frozen(self, frozen: bool) -> bool:
         state = self._dir("freezer") / "freezer.state"
         want = "FROZEN" if frozen else "THAWED"
         _fs.write(state, want)

@@ -76,7 +76,7 @@ class V2InstanceCgroup(InstanceCgroup):
     def can_freeze(self) -> bool:
         return (self.dir / "cgroup.freeze").exists()
 
-    def _set_frozen(self, frozen: bool) -> bool:
+    def set_frozen(self, frozen: bool) -> bool:
         want = int(frozen)
         _fs.write(self.dir / "cgroup.freeze", str(want))
         events = self.dir / "cgroup.events"
