@@ -8,6 +8,8 @@ checks are about what the library reads and writes: the right files, the right v
 from __future__ import annotations
 
 import errno
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -449,3 +451,16 @@ def test_join_command_is_the_documented_shim(tmp_path: Path) -> None:
         'while [ "$1" != -- ]; do echo $$ > "$1" || { echo "roost: cannot join cgroup $1" >&2;'
         ' exit 125; }; shift; done; shift; exec "$@"'
     )
+
+
+@pytest.mark.parametrize("skip", [(), ("freezer",)], ids=["frozen", "unfrozen"])
+def test_kill_all_passes_over_a_vanished_pid(tmp_path: Path, skip: tuple[str, ...]) -> None:
+    mounts = v1_host(tmp_path, skip=skip)
+    cg = detect_in(tmp_path)
+    dirs = v1_group_dirs(mounts, "i-1")
+    group = cg.create("i-1", Limits(1000, 64, 32))
+    exited = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    (dirs["pids"] / "cgroup.procs").write_text(exited.stdout)
+    assert group.kill_all(signal.SIGTERM) == 0
+    if not skip:  # froze, then thawed, through freezer.state
+        assert (dirs["freezer"] / "freezer.state").read_text() == "THAWED"

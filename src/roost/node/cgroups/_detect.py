@@ -80,6 +80,9 @@ def detect(
     parent: str | None = None,
     proc: Path = Path("/proc"),
 ) -> Cgroups:
+    """This host's cgroups for node `node_id`, proven writable. `parent` (a path under
+    the cgroup2 mount, for delegated setups) applies to v2 only; `proc` is read by
+    `group_of`. Raises `CgroupUnavailable` with a one-line reason."""
     check_id("node id", node_id)
     if not sys.platform.startswith("linux"):
         raise CgroupUnavailable(f"cgroups need Linux, this is {sys.platform}")

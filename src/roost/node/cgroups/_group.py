@@ -8,6 +8,7 @@ caller sees is written once here.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 from abc import ABC, abstractmethod
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from roost.node.cgroups import _fs
 from roost.node.cgroups._types import CgroupError, Limits, Usage, check_id, is_id
+
+log = logging.getLogger(__name__)
 
 FREEZE_TIMEOUT = 2.0
 """How long to wait for a group to report frozen before signalling anyway: a task in
@@ -110,14 +113,24 @@ class InstanceCgroup(ABC):
 
     def kill_all(self, sig: int) -> int:
         """Freezing first means no member can fork or exit while we list and signal, so
-        the list is complete and no pid is reused under us; the signals land on thaw."""
+        the list is complete and no pid is reused under us; the signals land on thaw.
+        A freezer that cannot be written falls back to re-reading until no new pid
+        appears, because a kill must still happen."""
         if sig == signal.SIGKILL:
             members = self.pids()
             if self._fast_kill():
                 return len(members - {os.getpid()})
         if not self.can_freeze or not self.exists():
             return self._kill_unfrozen(sig)
-        self.set_frozen(True)
+        try:
+            frozen = self.set_frozen(True)
+        except CgroupError as e:
+            log.warning("cgroup %s: cannot freeze (%s); signalling unfrozen", self.name, e)
+            return self._kill_unfrozen(sig)
+        if not frozen:
+            log.warning(
+                "cgroup %s: not frozen after %.0fs; signalling anyway", self.name, FREEZE_TIMEOUT
+            )
         try:
             return sum(_fs.signal(pid, sig) for pid in self.pids() - {os.getpid()})
         finally:

@@ -3,6 +3,7 @@ enabled in each ancestor's `cgroup.subtree_control`."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -148,7 +149,15 @@ class V2Cgroups(Cgroups):
             raise CgroupUnavailable(
                 f"{d / 'cgroup.controllers'} lacks {','.join(lacking)}: not delegated here"
             )
-        _fs.write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+        try:
+            _fs.write(d / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+        except CgroupError as e:
+            if e.errno == errno.EBUSY:
+                e.add_note(
+                    f"{d} holds processes, and a v2 group with members cannot hand "
+                    "controllers to children: move them to a leaf group, or pass parent="
+                )
+            raise
 
 
 def v2_at(
