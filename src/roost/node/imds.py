@@ -213,9 +213,11 @@ class MetadataServer:
             sock.close()
             raise
         self._sock = sock
+        # proxy_headers off: uvicorn would otherwise take the client address from
+        # X-Forwarded-For on loopback connections, letting a caller name its peer.
         self._server = _Server(uvicorn.Config(self._app, log_level="warning",
                                               access_log=False, lifespan="off",
-                                              server_header=False))
+                                              server_header=False, proxy_headers=False))
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._serving.done():
