@@ -251,3 +251,46 @@ async def test_errors_are_ec2_style_pages(world: World) -> None:
     r = await world.get("/latest/meta-data/nope")
     assert r.headers["content-type"].startswith("text/html")
     assert "<title>404 - Not Found</title>" in r.text
+
+
+class Recording:
+    """A ConnectionResolver that notes which connection ends it was asked about."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def __call__(self, peer_host: str, peer_port: int) -> str | None:
+        self.calls.append(("plain", peer_host, peer_port))
+        return "i-0a"
+
+    def resolve_connection(self, peer_host: str, peer_port: int, server_host: str,
+                           server_port: int) -> str | None:
+        self.calls.append((peer_host, peer_port, server_host, server_port))
+        return "i-0a"
+
+
+# httpx reports no port for http://imds (None); the app passes 0, "any server port".
+@pytest.mark.parametrize(("server_port", "seen"), [(None, 0), (8123, 8123)])
+async def test_a_connection_resolver_is_told_the_server_end(server_port: int | None,
+                                                            seen: int) -> None:
+    resolver = Recording()
+    app = build_app(lambda iid: BASE, resolver, secret=SECRET, server_port=server_port)
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.9", 4242))
+    async with httpx.AsyncClient(transport=transport, base_url="http://imds") as client:
+        r = await client.get("/latest/meta-data/instance-id")
+    assert r.text == "i-0a"
+    assert resolver.calls == [("10.0.0.9", 4242, "imds", seen)]
+
+
+async def test_a_plain_resolver_gets_the_peer_only() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def resolve(host: str, port: int) -> str:
+        calls.append((host, port))
+        return "i-0a"
+
+    app = build_app(lambda iid: BASE, resolve, secret=SECRET)
+    transport = httpx.ASGITransport(app=app, client=("10.0.0.9", 4242))
+    async with httpx.AsyncClient(transport=transport, base_url="http://imds") as client:
+        assert (await client.get("/latest/meta-data/instance-id")).text == "i-0a"
+    assert calls == [("10.0.0.9", 4242)]
