@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 PROC = Path("/proc")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 GroupPids = Callable[[], Mapping[str, Iterable[int]]]
-"""Instance id -> the pids in its cgroup now; called on every resolution."""
+"""Instance id -> the pids in its cgroup now. Called on every resolution, from the IMDS
+app's worker thread: it should read files or a snapshot, not touch the event loop."""
 
 
 def socket_owner_pids(peer_host: str, peer_port: int, server_host: str, server_port: int,
