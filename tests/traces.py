@@ -7,7 +7,7 @@ here into a tmp dir: same folder and file names, same columns and line syntax, a
 hundred rows of seeded random data shaped like the real thing. They exercise the loaders
 and the ``--quick`` paths; the figures only the real traces give stay benchmarks.
 
-Formats (see ../shared/data/README.md):
+Formats (docs/benchmarks.md links each upstream):
 
 - ``alibaba-openb/``: ``openb_node_list_gpu_node.csv`` (``sn,cpu_milli,memory_mib,gpu,
   model``) and ``openb_pod_list_default.csv`` (``name,cpu_milli,memory_mib,num_gpu,
