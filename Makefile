@@ -1,27 +1,40 @@
 # The two commands the README opens with. Each does all of its own set-up.
+#
+# `make up` installs roost alone (what `roost up` runs on); `make test` adds the test
+# tools and the bench extra. Each install leaves its own stamp in the venv, so a venv
+# shared by both ends up right whichever runs first, and a changed pyproject.toml
+# re-runs both.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test install lint clean
+.PHONY: up test install install-test lint clean
 
-$(BIN)/roost: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	touch $(BIN)/roost
 
-install: $(BIN)/roost
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $@
+
+install: $(VENV)/.installed-run
+
+install-test: $(VENV)/.installed-test
 
 up: install
 	$(BIN)/roost up
 
-lint: install
+lint: install-test
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: install lint
+test: lint
 	$(BIN)/pytest -q
 
 clean:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+
 import click
 
 from roost import __version__
@@ -17,19 +20,82 @@ def main() -> None:
     """
 
 
-@click.group()
+@dataclass(frozen=True, slots=True)
+class BenchEntry:
+    """Where a benchmark's click command lives, and the help line ``roost bench --help``
+    shows for it without importing it (a unit test keeps the line equal to the real one)."""
+
+    module: str
+    attr: str
+    summary: str
+
+
+BENCHMARKS = {
+    "autoscale": BenchEntry("roost.bench.autoscale", "autoscale",
+                            "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
+    "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
+                                  "Plan and tick cost of the capacity controller at scale."),
+    "launch": BenchEntry("roost.bench.launch", "launch",
+                         "RunInstances + TerminateInstances latency (p50/p99) and throughput, "
+                         "beside moto's server and a raw NATS floor, plus "
+                         "InsufficientInstanceCapacity latency."),
+    "placement": BenchEntry("roost.bench.placement", "placement_command",
+                            "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "vm-trace": BenchEntry("roost.bench.vm_trace", "vm_trace_command",
+                           "VM placement with departures: fewest hosts for zero rejections on "
+                           "Azure V1."),
+}
+BENCH_EXTRA = frozenset({"numpy", "matplotlib"})
+"""What ``pip install 'roost[bench]'`` adds; no other command imports them."""
+
+
+class BenchGroup(click.Group):
+    """``roost bench``: a benchmark's module is imported only when that benchmark runs.
+
+    numpy and matplotlib come with the ``bench`` extra, not with roost, so ``roost up``
+    and ``roost --help`` must not load them; and a benchmark that needs them, run
+    without them, says which extra to install instead of printing a traceback.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(BENCHMARKS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = BENCHMARKS.get(cmd_name)
+        if entry is None:
+            return None
+        try:
+            module = importlib.import_module(entry.module)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").partition(".")[0] not in BENCH_EXTRA:
+                raise
+            raise click.ClickException(
+                f"roost bench {cmd_name} needs the bench extra ({exc.name} is not "
+                "installed): pip install 'roost[bench]'"
+            ) from None
+        command: click.Command = getattr(module, entry.attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command table from `BENCHMARKS`, so that help imports no benchmark."""
+        width = formatter.width - 6 - max(len(name) for name in BENCHMARKS)
+        rows = [(name, click.Command(name, help=BENCHMARKS[name].summary)
+                 .get_short_help_str(limit=width)) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=BenchGroup)
 def bench() -> None:
-    """Benchmarks that print figures (and write JSON, Markdown and plots)."""
+    """Benchmarks that print figures (and write JSON, Markdown and plots).
+
+    placement, vm-trace and autoscale need the bench extra: pip install 'roost[bench]'.
+    """
 
 
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
-    # modules stay importable on their own.
-    from roost.bench.autoscale import autoscale
-    from roost.bench.controller_tick import controller_tick
-    from roost.bench.launch import launch
-    from roost.bench.placement import placement_command as placement
-    from roost.bench.vm_trace import vm_trace_command as vm_trace
+    # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
     from roost.controller.cli import controller, db, pools
     from roost.demo import demo
     from roost.gateway.cli import gateway, status
@@ -39,8 +105,6 @@ def _register() -> None:
 
     for cmd in (up, demo, node, gateway, status, controller, pools, db, worker, bench):
         main.add_command(cmd)
-    for cmd in (placement, vm_trace, launch, autoscale, controller_tick):
-        bench.add_command(cmd)
 
 
 _register()

@@ -1,6 +1,9 @@
 """Random and malformed Query bodies, properly signed, never make the gateway fail.
 
-Every answer must be EC2 XML with a request id. A 5xx is allowed only for the codes
+Keys are generated as well as values: every parameter name botocore's EC2 model has for
+the actions roost serves, with list indices that are valid, zero-padded, non-ASCII
+digits (``²``, ``③``), thousands of digits long, or junk. Every answer must be EC2 XML
+with a request id. A 5xx is allowed only for the codes
 that mean one: InsufficientInstanceCapacity (EC2 sends it as a 500) and
 ServiceUnavailable; InternalError, a bare 500 or a traceback fails the test.
 """
@@ -12,11 +15,13 @@ from collections.abc import Iterator
 from urllib.parse import quote
 from xml.etree import ElementTree
 
+import botocore.session
 import httpx
 import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from botocore.model import ListShape, Shape, StructureShape
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,23 +29,76 @@ from roost.gateway.actions import ACTIONS
 from tests.e2e.conftest import ThreadedCluster, make_cluster
 
 ALLOWED_5XX = {"InsufficientInstanceCapacity", "ServiceUnavailable"}
+IID = "i-0123456789abcdef0"
 
-KEYS = [
-    "ImageId", "InstanceType", "MinCount", "MaxCount", "ClientToken", "UserData", "DryRun",
-    "InstanceId.1", "InstanceId.2", "InstanceId.0", "InstanceId.x", "InstanceId",
-    "Filter.1.Name", "Filter.1.Value.1", "Filter.2.Value.9", "Filter..Name",
-    "TagSpecification.1.ResourceType", "TagSpecification.1.Tag.1.Key",
-    "TagSpecification.1.Tag.1.Value", "Tag.1.Key", "Tag.1.Value", "ResourceId.1",
-    "MaxResults", "NextToken", "Placement.AvailabilityZone", "Attribute",
-    "IncludeAllInstances", "ZoneName.1", "RegionName.1", "ImageId.1",
-    "DisableApiTermination.Value", "Force", "Version",
-]
+
+def _templates(shape: Shape, prefix: str = "", depth: int = 4) -> Iterator[str]:
+    """Query key templates for ``shape`` as botocore's EC2 serializer spells them, with
+    ``{}`` where a list index goes: ``Filter.{}.Value.{}``, ``Placement.AvailabilityZone``."""
+    if depth == 0:
+        yield prefix
+    elif isinstance(shape, StructureShape):
+        for name, member in shape.members.items():
+            query = member.serialization.get("queryName")
+            loc = member.serialization.get("name")
+            part = query or (loc[0].upper() + loc[1:] if loc else name)
+            yield from _templates(member, f"{prefix}.{part}" if prefix else part, depth - 1)
+    elif isinstance(shape, ListShape):
+        yield from _templates(shape.member, prefix + ".{}", depth)
+    else:
+        yield prefix
+
+
+MODEL = botocore.session.get_session().get_service_model("ec2")
+NAMES = {op: sorted(_templates(MODEL.operation_model(op).input_shape)) for op in ACTIONS}
+"""Every parameter each action takes in EC2, whether roost reads it or not."""
+ALL_NAMES = sorted({n for names in NAMES.values() for n in names})
+ODD = ["InstanceId.{}.{}", "Filter.{}", "{}", "Filter..Name", "Filter.{}..Value.{}",
+       "Tag.{}", "TagSpecification.{}.Tag.{}"]
+BASE = {
+    "RunInstances": {"ImageId": "ami-00000000000000001", "InstanceType": "t3.micro",
+                     "MinCount": "1", "MaxCount": "1"},
+    "CreateTags": {"ResourceId.1": IID, "Tag.1.Key": "k", "Tag.1.Value": "v"},
+    "DeleteTags": {"ResourceId.1": IID},
+    "DescribeInstanceAttribute": {"InstanceId": IID, "Attribute": "instanceType"},
+    "ModifyInstanceAttribute": {"InstanceId": IID},
+    **{op: {"InstanceId.1": IID} for op in ("StartInstances", "StopInstances",
+                                            "TerminateInstances")},
+}
+"""The required parameters, so that a drawn key is read rather than refused after a
+missing ``ImageId``."""
+INDICES = st.one_of(
+    st.integers(1, 3).map(str), st.integers(1, 3).map(str),       # what botocore sends
+    st.sampled_from(["0", "01", "007", "10000", "10001", "99999999", "-1", "+1", "1_0",
+                     " 1", "", "x", "1e3", "0x1", "1."]),
+    st.text(st.characters(categories=["Nd", "No"]), min_size=1, max_size=3),  # ², ③, ٣
+    st.integers(5, 5000).map(lambda n: "9" * n),                  # huge, past int's limit
+    st.text(max_size=6),                                          # dotted junk and worse
+)
+
+
+@st.composite
+def keys(draw: st.DrawFn, action: str) -> str:
+    """Mostly one of ``action``'s EC2 parameter names with each list index drawn from
+    `INDICES`; sometimes another action's name, an odd shape, or junk."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.text(max_size=20))
+    if kind == 1:
+        parts = st.one_of(st.sampled_from(ALL_NAMES), INDICES)
+        return ".".join(draw(st.lists(parts, min_size=1, max_size=4))).replace("{}", "1")
+    names = {2: ODD, 3: ALL_NAMES}.get(kind) or NAMES.get(action) or ALL_NAMES
+    template = draw(st.sampled_from(names))
+    return template.format(*(draw(INDICES) for _ in range(template.count("{}"))))
+
+
 VALUES = st.one_of(
     st.sampled_from([
         "", "0", "1", "-1", "5", "99999999999999999999", "true", "false", "t3.micro",
         "t3.*", "nope.large", "ami-00000000000000001", "ami-x", "i-0123456789abcdef0",
         "i-", "instance", "instance-state-name", "tag:Name", "roost-1a", "userData",
         "aGVsbG8=", "!!notbase64", "aws:reserved", "%ZZ", "\x00", "é", "*", "?",
+        "\u0661\u0660", "1_0", "²", "9" * 5000,
     ]),
     st.text(max_size=40),
 )
@@ -48,13 +106,15 @@ VALUES = st.one_of(
 
 @st.composite
 def structured_body(draw: st.DrawFn) -> bytes:
-    action = draw(st.one_of(st.sampled_from(sorted(ACTIONS)), st.text(max_size=12)))
-    rest = draw(st.lists(st.tuples(st.sampled_from(KEYS), VALUES), max_size=8))
-    pairs = [("Action", action), *rest]
+    action = draw(st.one_of(*[st.sampled_from(sorted(ACTIONS))] * 7, st.text(max_size=12)))
+    base = list(BASE.get(action, {}).items()) if draw(st.booleans()) else []
+    rest = draw(st.lists(st.tuples(keys(action), VALUES), max_size=8))
+    pairs = [("Action", action), *base, *rest]
     return "&".join(f"{quote(k)}={quote(v)}" for k, v in pairs).encode()
 
 
-BODIES = st.one_of(structured_body(), st.binary(max_size=200),
+BODIES = st.one_of(structured_body(), structured_body(), structured_body(),
+                   st.binary(max_size=200),
                    st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")))
 
 
@@ -74,6 +134,7 @@ def http() -> Iterator[httpx.Client]:
 
 
 EXAMPLES = int(os.environ.get("ROOST_FUZZ_EXAMPLES", "150"))
+"""Small in CI; ``ROOST_FUZZ_EXAMPLES=10000`` for a long run."""
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -86,10 +86,41 @@ def test_lists_and_members_are_ordered_by_index_with_gaps() -> None:
     assert p.members("Filter")[0].values("Value") == ["v"]
 
 
-@pytest.mark.parametrize("key", ["InstanceId.x", "InstanceId.0", "InstanceId.99999999"])
-def test_bad_list_index_is_invalid_parameter(key: str) -> None:
+@pytest.mark.parametrize("index", [
+    "x", "0", "99999999", "10001", "01", "007", "\u00b2", "\u2462", "\u0663", "\uff11",
+    "+1", "-1", " 1", "1_0", "", "9" * 4000, "9" * 5000,
+])
+def test_bad_list_index_is_invalid_parameter_naming_the_key(index: str) -> None:
+    for form, read in [
+        ({f"InstanceId.{index}": IID}, lambda p: p.values("InstanceId")),
+        ({f"Filter.{index}.Name": "x"}, lambda p: p.members("Filter")),
+        ({"Filter.1.Name": "x", f"Filter.1.Value.{index}": "v"},
+         lambda p: p.members("Filter")[0].values("Value")),
+    ]:
+        with pytest.raises(InvalidParameterValue) as err:
+            read(Params(form))
+        key = next(iter(form)) if len(form) == 1 else f"Filter.1.Value.{index}"
+        assert key[:60] in err.value.message and len(err.value.message) < 300
+
+
+@pytest.mark.parametrize(("form", "read"), [
+    ({"InstanceId.1": IID, "InstanceId.2.": "x"}, lambda p: p.values("InstanceId")),
+    ({"Filter.1.": "x"}, lambda p: p.members("Filter")),
+])
+def test_a_key_ending_in_a_dot_is_invalid_parameter(form: dict[str, str], read: Any) -> None:
+    with pytest.raises(InvalidParameterValue, match="Invalid parameter name"):
+        read(Params(form))
+
+
+def test_the_largest_index_is_accepted() -> None:
+    assert Params({"InstanceId.10000": IID}).values("InstanceId") == [IID]
+
+
+@pytest.mark.parametrize("raw", ["\u0661\u0660", "1_0", " 5", "\u00b2", "9" * 5000, "1.5"])
+def test_integer_values_are_ascii_decimal(raw: str) -> None:
     with pytest.raises(InvalidParameterValue):
-        Params({key: IID}).values("InstanceId")
+        Params({"MaxResults": raw}).integer("MaxResults")
+    assert Params({"MaxResults": "-7"}).integer("MaxResults") == -7
 
 
 def test_form_decoding() -> None:

@@ -5,17 +5,33 @@ EC2 flattens structures and lists into dotted keys: ``InstanceId.1``,
 without building a tree first, so a malformed or hostile key (``Filter.x.Name``,
 ``Filter.99999999999.Name``) costs nothing until an action asks for it, and then fails
 as ``InvalidParameterValue`` rather than as a crash.
+
+A list index is what EC2's Query reference calls ``param.n``: "an integer starting from
+1". roost reads that strictly, as ASCII decimal without leading zeros, so that one
+member has one spelling. ``str.isdigit`` alone is not enough: it accepts ``²``, ``③``
+and Arabic-Indic digits that ``int`` then refuses or silently maps to another key, and
+``InstanceId.01`` would be read as ``InstanceId.1``, a key the form does not hold.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from urllib.parse import parse_qsl
 
 from roost.domain.errors import InvalidParameterValue, MissingParameter
 
 MAX_LIST_INDEX = 10_000
-"""The largest ``.N`` accepted. EC2's own lists stop far below it."""
+"""The largest ``.N`` accepted. EC2's own lists stop far below it (1,000 ids a page), but
+indices may leave gaps, so the bound is on the number, not on the count."""
+_INDEX = re.compile(r"[1-9][0-9]{0,4}")
+"""An index as EC2 spells it: ASCII, no sign, no leading zero, at most 5 digits (so a
+4,000-digit index is refused by its length, before any ``int`` conversion)."""
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
+"""An integer value: ASCII digits only (``int`` would also take ``1_0``, `` 5`` and
+non-ASCII digits, none of which botocore sends)."""
+_SHOWN = 80
+"""How much of a hostile key an error message repeats."""
 MAX_FIELDS = 2_000
 """More pairs than any EC2 action takes; a larger form is refused before it is read."""
 
@@ -65,13 +81,12 @@ class Params:
         raw = self.get(name)
         if raw is None or raw == "":
             return default
-        try:
-            return int(raw)
-        except ValueError:
+        if _INTEGER.fullmatch(raw) is None:
             raise InvalidParameterValue(
-                f"Value ({raw}) for parameter {self._key(name)} is invalid. "
+                f"Value ({_shown(raw)}) for parameter {self._key(name)} is invalid. "
                 "Expected an integer."
-            ) from None
+            )
+        return int(raw)
 
     def flag(self, name: str, default: bool = False) -> bool:
         raw = self.get(name)
@@ -83,31 +98,47 @@ class Params:
         if low in ("false", "0"):
             return False
         raise InvalidParameterValue(
-            f"Value ({raw}) for parameter {self._key(name)} is invalid. Expected a boolean."
+            f"Value ({_shown(raw)}) for parameter {self._key(name)} is invalid. "
+            "Expected a boolean."
         )
 
-    def _indices(self, name: str) -> Iterator[tuple[int, str]]:
-        """``(N, rest)`` for every key ``<prefix><name>.N[.rest]``, in key order."""
+    def _indices(self, name: str) -> Iterator[tuple[int, str | None, str]]:
+        """``(N, rest, key)`` for every key ``<prefix><name>.N[.rest]``, in key order;
+        ``rest`` is None for a plain list element ``name.N``.
+
+        A key that ends in a dot (``InstanceId.2.``) names neither an element nor a
+        member, so it is refused rather than read as one of them.
+        """
         head = self._key(name) + "."
         for key in self._pairs:
             if not key.startswith(head):
                 continue
-            index, _, rest = key[len(head):].partition(".")
-            if not index.isdigit() or not 1 <= int(index) <= MAX_LIST_INDEX:
-                raise InvalidParameterValue(f"Invalid list index in parameter {key}")
-            yield int(index), rest
+            index, dot, rest = key[len(head):].partition(".")
+            if _INDEX.fullmatch(index) is None or int(index) > MAX_LIST_INDEX:
+                raise InvalidParameterValue(
+                    f"Invalid list index in parameter {_shown(key)}: expected 1 to "
+                    f"{MAX_LIST_INDEX} in ASCII digits, without leading zeros"
+                )
+            if dot and not rest:
+                raise InvalidParameterValue(f"Invalid parameter name {_shown(key)}")
+            yield int(index), rest if dot else None, key
 
     def values(self, name: str) -> list[str]:
         """The values of ``name.1``, ``name.2``, ...: ordered by N, gaps allowed."""
-        found = {i: self._pairs[f"{self._key(name)}.{i}"] for i, rest in self._indices(name)
-                 if not rest}
+        found = {i: self._pairs[key] for i, rest, key in self._indices(name) if rest is None}
         return [found[i] for i in sorted(found)]
 
     def members(self, name: str) -> list[Params]:
         """One `Params` per structure ``name.N.*``, ordered by N."""
-        indices = sorted({i for i, rest in self._indices(name) if rest})
+        indices = sorted({i for i, rest, _ in self._indices(name) if rest is not None})
         return [Params(self._pairs, prefix=f"{self._key(name)}.{i}.") for i in indices]
 
     def has(self, name: str) -> bool:
         key = self._key(name)
         return key in self._pairs or any(k.startswith(key + ".") for k in self._pairs)
+
+
+def _shown(text: str) -> str:
+    """``text`` cut short for an error message: a client's 4,000-digit key is its own
+    evidence, the answer need not echo all of it."""
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
