@@ -8,7 +8,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test install install-test lint clean
+.PHONY: up test install install-test lint system-packages clean
+
+# Debian packages the tests drive for real (COMMAND=PACKAGE).
+SYSTEM_PACKAGES := bwrap=bubblewrap
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +37,10 @@ lint: install-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+system-packages:
+	tools/system-packages.sh $(SYSTEM_PACKAGES)
+
+test: lint system-packages
 	$(BIN)/pytest -q
 
 clean:

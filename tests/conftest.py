@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,6 +16,46 @@ import asyncpg
 import pytest
 
 from roost.embedded import NatsCluster, NatsServer, PostgresServer
+from roost.node.cgroups import CgroupError, detect
+
+
+def _instance_groups() -> set[tuple[str, str]]:
+    """(node id, instance id) of every instance cgroup roost has on this host."""
+    try:
+        probe = detect("probe")
+    except CgroupError:
+        return set()
+    found: set[tuple[str, str]] = set()
+    for h in probe.hierarchies:
+        roost_dir = h.node_dir.parent
+        for node_dir in (roost_dir.iterdir() if roost_dir.is_dir() else ()):
+            if node_dir.is_dir() and not node_dir.name.startswith("roost-probe"):
+                found |= {(node_dir.name, d.name) for d in node_dir.iterdir() if d.is_dir()}
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_instance_outlives_the_session() -> Iterator[None]:
+    """Tests stop what they start; this is the net under them. Instances that a test left
+    running (a node stopped while they ran, a failed test) are killed through their
+    cgroups at the end of the session, and their groups removed."""
+    before = _instance_groups()
+    yield
+    left = _instance_groups() - before
+    for node_id in sorted({n for n, _ in left}):
+        groups = detect(node_id)
+        for _, iid in sorted(g for g in left if g[0] == node_id):
+            group = groups.open(iid)
+            if group is None:
+                continue
+            for _ in range(100):
+                if not group.populated():
+                    break
+                group.kill_all(signal.SIGKILL)
+                time.sleep(0.02)
+            group.remove()
+        with contextlib.suppress(CgroupError):
+            groups.remove_root()
 
 
 @pytest.fixture

@@ -16,8 +16,10 @@ import pytest
 from botocore.config import Config
 
 from roost.bus.schemas import InstanceRecord
+from roost.domain.catalog import BUILTIN, Catalog
 from roost.gateway.server import GatewayConfig
 from roost.node.agent import NodeConfig
+from roost.node.isolation import Level
 from roost.up.cluster import (
     ClusterSpec,
     GatewayComponent,
@@ -42,7 +44,8 @@ async def _cancel_the_rest() -> None:
 
 
 class ThreadedCluster:
-    def __init__(self, spec: ClusterSpec, node_capacities: Sequence[str] = ()) -> None:
+    def __init__(self, spec: ClusterSpec, node_capacities: Sequence[str] = (), *,
+                 catalog: Catalog = BUILTIN, isolation: Level = "cgroup") -> None:
         self.key, self.secret = next(iter(spec.credentials.items()))
         self.spec = spec
         nats = NatsComponent(spec.data_dir / "nats")
@@ -52,6 +55,7 @@ class ThreadedCluster:
                 node_id=f"n{i + 1}", nats_urls=[nats.url], data_dir=spec.data_dir / f"n{i + 1}",
                 host=replace(spec, node_capacity=cap).node_host(), driver=spec.driver,
                 heartbeat_seconds=spec.heartbeat_seconds, stop_grace_seconds=2.0,
+                catalog=catalog, isolation=isolation,
             )
             for i, cap in enumerate(capacities)
         ])
@@ -113,11 +117,13 @@ class ThreadedCluster:
 
 
 def make_cluster(tmp: Path, *, nodes: int = 3, capacity: str = "8vcpu,32GiB",
-                 capacities: Sequence[str] = (), **kw: Any) -> ThreadedCluster:
+                 capacities: Sequence[str] = (), driver: str = "sim",
+                 catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
+                 **kw: Any) -> ThreadedCluster:
     key, secret = new_credentials()
-    spec = ClusterSpec(data_dir=tmp, nodes=nodes, driver="sim", node_capacity=capacity,
+    spec = ClusterSpec(data_dir=tmp, nodes=nodes, driver=driver, node_capacity=capacity,
                        heartbeat_seconds=0.5, port=0, credentials={key: secret}, **kw)
-    cluster = ThreadedCluster(spec, capacities).start()
+    cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation).start()
     cluster.wait_nodes(len(capacities) or nodes)
     return cluster
 

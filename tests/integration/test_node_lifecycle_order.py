@@ -13,6 +13,7 @@ from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import key_value
 from roost.embedded import NatsServer
+from roost.node.drivers import Exit
 from tests.nodes import client, command, launch, running_nodes, wait_state
 
 
@@ -60,7 +61,7 @@ async def test_an_overtaken_move_never_overwrites_the_newer_state(
             return await sync(wanted)  # type: ignore[arg-type]
 
         monkeypatch.setattr(node._subs, "sync", slow_sync)
-        exited = asyncio.create_task(node._on_exit(iid, 0))
+        exited = asyncio.create_task(node._on_exit(iid, Exit(0)))
         await asyncio.sleep(0.05)  # the exit's move is inside its slow re-advertising
         term = await command(nc, "n1", "terminate", iid)
         assert term.ok and term.previous_state == "stopped"

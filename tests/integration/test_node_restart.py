@@ -17,6 +17,7 @@ import pytest
 from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.embedded import NatsServer
+from roost.node.cgroups import InstanceCgroup, detect
 from tests.nodes import client, command, launch, wait_state
 
 
@@ -36,6 +37,12 @@ def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+def memory_limit(group: InstanceCgroup) -> int:
+    if group.version == 1:
+        return int((group.dirs["memory"] / "memory.limit_in_bytes").read_text())
+    return int((group.dirs[""] / "memory.max").read_text())
 
 
 def kill_group(pid_file: Path) -> None:
@@ -95,10 +102,16 @@ async def test_kill_9_restart_readopts_instances(
             assert rb.instance and rb.instance.state == "stopped"
             assert rb.instance.state_reason == "Server.InstanceProcessGone"
 
+            # Re-adopted by its cgroup, it is still limited to its type (m7i.large).
+            group = detect("r1").open(ida)
+            assert group is not None and int(pid_a.read_text()) in group.pids()
+            assert memory_limit(group) == 8 * 1024**3
+
             # The re-adopted instance is still under control: terminate kills its group.
             await command(nc, "r1", "terminate", ida)
             await wait_state(nc, "r1", ida, "terminated")
             pid = int(pid_a.read_text())
+            assert detect("r1").open(ida) is None  # its group went with it
             with pytest.raises(ProcessLookupError):
                 for _ in range(50):
                     os.kill(pid, 0)

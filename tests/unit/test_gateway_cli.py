@@ -94,6 +94,17 @@ def test_status_table_renders() -> None:
             "gpus": [], "instances": 1, "fit": {"t3.micro": 3, "t3.nano": 3}}
     table = nodes_table([node])
     assert table.row_count == 1
+    assert list(table.columns[7].cells) == ["unknown"]  # a node from before isolation
+
+
+def test_status_table_shows_isolation_and_why_it_is_lower() -> None:
+    node = {"node_id": "n1", "availability_zone": "roost-1a", "live": True, "draining": False,
+            "free": {"cpu_milli": 6000, "mem_mib": 30720},
+            "allocatable": {"cpu_milli": 8000, "mem_mib": 32768}, "gpus": [], "instances": 0,
+            "fit": {}, "isolation": "none", "isolation_note": "cgroups unavailable (EACCES)"}
+    table = nodes_table([node])
+    assert list(table.columns[7].cells) == ["none (!)"]
+    assert table.caption == "(!) n1: cgroups unavailable (EACCES)"
 
 
 def test_status_reports_an_unreachable_gateway() -> None:

@@ -14,7 +14,8 @@ import msgspec
 SCHEMA_VERSION = 1
 
 LaunchError = Literal["no_capacity", "draining", "unknown_type", "bad_request", "internal"]
-CommandOp = Literal["stop", "start", "terminate", "describe"]
+CommandOp = Literal["stop", "start", "terminate", "describe", "reboot", "console", "modify"]
+ShutdownBehavior = Literal["stop", "terminate"]
 
 
 class Msg(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -38,6 +39,21 @@ class LaunchRequest(Msg):
     gpu_devices: list[int] = []
     """GPU devices the gateway's placement chose on the target node: a hint the node
     follows if they still hold the type, else it picks its own."""
+    options: InstanceOptions | None = None
+    """Protection, shutdown behaviour and metadata options; None means EC2's defaults."""
+
+
+class InstanceOptions(Msg):
+    """What RunInstances and ModifyInstanceAttribute/ModifyInstanceMetadataOptions set on
+    an instance besides its type and user data. The node enforces every one of them."""
+
+    disable_api_termination: bool = False
+    disable_api_stop: bool = False
+    shutdown_behavior: ShutdownBehavior = "stop"
+    http_tokens: Literal["optional", "required"] = "optional"
+    http_endpoint: Literal["enabled", "disabled"] = "enabled"
+    http_put_response_hop_limit: int = 1
+    instance_metadata_tags: Literal["enabled", "disabled"] = "disabled"
 
 
 class InstanceRecord(Msg):
@@ -62,6 +78,11 @@ class InstanceRecord(Msg):
     exit_code: int | None = None
     gpus: list[tuple[int, int]] = []
     updated_at: str = ""
+    options: InstanceOptions | None = None  # None: EC2's defaults (`InstanceOptions()`)
+
+    @property
+    def opts(self) -> InstanceOptions:
+        return self.options or DEFAULT_OPTIONS
 
 
 class LaunchReply(Msg):
@@ -77,6 +98,16 @@ class InstanceCommand(Msg):
     op: CommandOp
     instance_id: str
     force: bool = False
+    changes: InstanceChanges | None = None  # op "modify" only
+
+
+class InstanceChanges(Msg):
+    """One ModifyInstanceAttribute or ModifyInstanceMetadataOptions call: the fields that
+    are set are changed, the rest stay."""
+
+    options: InstanceOptions | None = None
+    instance_type: str | None = None
+    user_data: str | None = None  # decoded text; "" clears it
 
 
 class CommandReply(Msg):
@@ -85,6 +116,8 @@ class CommandReply(Msg):
     previous_state: str = ""
     error: str = ""  # an EC2 error code when not ok
     message: str = ""
+    console: str = ""  # op "console": the tail of the console, base64
+    console_at: str = ""  # op "console": when it was read, ISO 8601 UTC
 
 
 class CapacitySnapshot(Msg):
@@ -107,6 +140,8 @@ class CapacitySnapshot(Msg):
     instances: int = 0
     heartbeat_seconds: float = 2.0
     sent_at: float = 0.0  # the node's wall clock, seconds since the epoch
+    isolation: str = ""  # "none" | "cgroup" | "sandbox"; "" from a node before isolation
+    isolation_note: str = ""  # why isolation is lower than the node was asked for
 
 
 class TypeInfo(Msg):
@@ -137,6 +172,8 @@ class DrainReply(Msg):
     draining: bool
     instances: int
 
+
+DEFAULT_OPTIONS = InstanceOptions()
 
 M = TypeVar("M", bound=Msg)
 

@@ -28,6 +28,8 @@ class InstanceType:
     gpu_count: int = 0
     gpu_milli: int = 0
     gpu_model: str = ""
+    pids_max: int = 0
+    """The most processes one instance may run; 0 means the node's default (4096)."""
 
     @property
     def resources(self) -> Resources:
@@ -55,6 +57,8 @@ class InstanceType:
             raise ValueError(f"{self.name}: gpu_milli must be in [0, 1000) and gpus >= 0")
         if self.gpu_count and self.gpu_milli:
             raise ValueError(f"{self.name}: ask for whole GPUs or a fraction, not both")
+        if self.pids_max < 0 or 0 < self.pids_max < 8:
+            raise ValueError(f"{self.name}: pids must be at least 8 (or 0 for the default)")
 
 
 _NAME = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
@@ -141,6 +145,7 @@ def parse_types_toml(text: str) -> list[InstanceType]:
         gpus = 0           # whole GPUs, or
         gpu_fraction = 0.5 # a slice of one GPU
         gpu_model = "A10G"
+        pids = 512         # the most processes one instance may run (default 4096)
 
     Raises ValueError naming the type and field at fault.
     """
@@ -166,11 +171,13 @@ def parse_types_toml(text: str) -> list[InstanceType]:
                 mem = round(float(spec["memory_gib"]) * 1024)
             gpus = int(spec.get("gpus", 0))
             frac = round(float(spec.get("gpu_fraction", 0)) * GPU_MILLI)
+            pids = int(spec.get("pids", 0))
         except KeyError as exc:
             raise ValueError(f"types.{name}: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError):
             raise ValueError(f"types.{name}: numeric fields must be numbers") from None
-        t = InstanceType(name, cpu, mem, gpus, frac, str(spec.get("gpu_model", "")))
+        t = InstanceType(name, cpu, mem, gpus, frac, str(spec.get("gpu_model", "")),
+                         pids_max=pids)
         t.validate()
         out.append(t)
     return out

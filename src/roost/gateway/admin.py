@@ -34,6 +34,8 @@ def node_json(st: NodeStatus) -> dict[str, Any]:
                  for i, (m, f) in enumerate(zip(s.gpu_models, s.gpu_free, strict=False))],
         "fit": {k: v for k, v in s.fit.items() if v > 0},
         "instances": s.instances,
+        "isolation": s.isolation or "unknown",
+        "isolation_note": s.isolation_note,
         "boot_id": s.boot_id,
         "seq": s.seq,
     }

@@ -191,7 +191,7 @@ def _gib(mib: int) -> str:
 def nodes_table(nodes: list[dict[str, Any]]) -> Table:
     table = Table(title="roost nodes")
     for col in ("node", "zone", "state", "vCPU free/alloc", "GiB free/alloc", "GPUs free",
-                "instances", "fits (most)"):
+                "instances", "isolation", "fits (most)"):
         table.add_column(col, justify="right" if "/" in col or col == "instances" else "left")
     for n in nodes:
         state = "draining" if n["draining"] else ("live" if n["live"] else "silent")
@@ -203,8 +203,12 @@ def nodes_table(nodes: list[dict[str, Any]]) -> Table:
             f"{free['cpu_milli'] / 1000:g}/{alloc['cpu_milli'] / 1000:g}",
             f"{_gib(free['mem_mib'])}/{_gib(alloc['mem_mib'])}",
             gpus, str(n["instances"]),
+            n.get("isolation", "unknown") + (" (!)" if n.get("isolation_note") else ""),
             ", ".join(f"{t}={c}" for t, c in fits) or "-",
         )
+    notes = [f"{n['node_id']}: {n['isolation_note']}" for n in nodes if n.get("isolation_note")]
+    if notes:
+        table.caption = "(!) " + "; ".join(notes)
     return table
 
 

@@ -30,8 +30,13 @@ from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.host import HostCapacity
 from roost.domain.images import IMAGES
 from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
-from roost.node.drivers import InstanceDriver, StartSpec, make_driver
+from roost.node.console import console_tail
+from roost.node.drivers import DriverError, Exit, InstanceDriver, SimDriver, StartSpec
+from roost.node.isolation import Level, make_isolation
 from roost.node.ledger import Ledger
+from roost.node.metadata import ENDPOINT_ENV, NodeMetadata
+from roost.node.metrics import InstanceUsageCollector, serve_metrics
+from roost.node.process import ProcessDriver
 from roost.node.state import NodeState
 from roost.node.subscriptions import TypeSubscriptions
 
@@ -51,6 +56,11 @@ class NodeConfig:
     availability_zone: str = "roost-1a"
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
+    isolation: Level = "cgroup"
+    imds_port: int | None = 0
+    """Loopback port of the metadata service: 0 picks one once and keeps it in the data
+    dir; None runs no metadata service."""
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         subjects.check_node_id(self.node_id)
@@ -64,15 +74,27 @@ def new_instance_id() -> str:
     return "i-" + secrets.token_hex(9)[:17]
 
 
+def make_driver(config: NodeConfig) -> InstanceDriver:
+    if config.driver == "process":
+        iso = make_isolation(config.isolation, node_id=config.node_id,
+                             data_dir=config.data_dir)
+        return ProcessDriver(iso)
+    if config.driver == "sim":
+        return SimDriver()
+    raise ValueError(f"unknown driver {config.driver!r}: expected 'process' or 'sim'")
+
+
 class NodeAgent:
     def __init__(self, config: NodeConfig, *, driver: InstanceDriver | None = None) -> None:
         self.config = config
         self.node_id = config.node_id
-        self.driver = driver or make_driver(config.driver)
+        self.driver = driver or make_driver(config)
         self.ledger = Ledger(config.host, config.catalog)
         self.state = NodeState(config.data_dir / "node.sqlite3")
         self.boot_id = uuid.uuid4().hex
         self.draining = False
+        self._rebooting: set[str] = set()
+        self._booting: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
         self.stopped = asyncio.Event()
         self._records: dict[str, s.InstanceRecord] = {}
@@ -83,10 +105,24 @@ class NodeAgent:
         self._kv: KeyValue | None = None
         self._subs: TypeSubscriptions | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._imds: NodeMetadata | None = None
+        self.instance_env: dict[str, str] = {}
+        """Environment every instance's program gets from this node (where its metadata
+        service is), set before `start`."""
 
     # --- start, drain, stop -------------------------------------------------------
 
     async def start(self) -> None:
+        if self.config.imds_port is not None and self.driver.name != "sim":
+            self._imds = NodeMetadata(records=self._records, state=self.state,
+                                      driver=self.driver, data_dir=self.config.data_dir,
+                                      port=self.config.imds_port)
+            await self._imds.start()
+            self.instance_env[ENDPOINT_ENV] = self._imds.endpoint
+        if self.config.metrics_port is not None:
+            serve_metrics(InstanceUsageCollector(lambda: self._records, self.driver,
+                                                 self.node_id),
+                          port=self.config.metrics_port)
         await self._readopt()
         self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
@@ -117,7 +153,8 @@ class NodeAgent:
                           rec.instance_type)
                 continue
             self.ledger.adopt(rec.instance_id, itype, tuple((d, m) for d, m in rec.gpus))
-            if self.driver.adopt(rec.instance_id, stored.process, self._on_exit):
+            spec = self._spec(rec, stored.user_data)
+            if self.driver.adopt(spec, stored.process, self._on_exit):
                 continue
             # Its process is gone (it ended while the agent was down, or the host
             # rebooted): record what we know instead of advertising a ghost.
@@ -147,10 +184,16 @@ class NodeAgent:
         if others:
             await asyncio.gather(*others, return_exceptions=True)
         await self.driver.close()
+        if self._imds is not None:
+            await self._imds.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.drain()
         self.state.close()
         self.stopped.set()
+
+    @property
+    def imds_endpoint(self) -> str:
+        return self._imds.endpoint if self._imds is not None else ""
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -213,6 +256,7 @@ class NodeAgent:
             fit={} if self.draining else self.ledger.fit_counts(),
             instances=len(self.ledger.allocations),
             heartbeat_seconds=self.config.heartbeat_seconds, sent_at=time.time(),
+            isolation=self.driver.isolation, isolation_note=self.driver.isolation_note,
         )
 
     async def _publish_snapshot(self) -> None:
@@ -278,6 +322,13 @@ class NodeAgent:
         alloc = self.ledger.allocate(instance_id, itype, req.gpu_devices)
         if alloc is None:
             return refuse("no_capacity", f"node {self.node_id} can't fit {itype.name}")
+        try:
+            self.driver.prepare(StartSpec(instance_id, itype, image, req.user_data,
+                                          self._workdir(instance_id)))
+        except DriverError as exc:
+            self.ledger.release(instance_id)
+            log.error("node %s: launch %s refused: %s", self.node_id, req.launch_id, exc)
+            return refuse("internal", f"node {self.node_id}: {exc}")
         now = now_iso()
         rec = s.InstanceRecord(
             instance_id=instance_id, node_id=self.node_id, instance_type=itype.name,
@@ -286,14 +337,14 @@ class NodeAgent:
             availability_zone=self.config.availability_zone, tags=dict(req.tags),
             client_token=req.client_token, owner_id=req.owner_id,
             ami_launch_index=req.ami_launch_index, gpus=list(alloc.gpus),
-            updated_at=now,
+            updated_at=now, options=req.options,
         )
         self._records[instance_id] = rec
         self.state.put(rec, user_data=req.user_data)
         assert self._kv is not None
         await self._kv.put(instance_id, s.encode(rec))
         await self._changed()
-        self._track(self._boot(instance_id, req.user_data))
+        self._boot_soon(instance_id, req.user_data)
         return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
                              instance=rec)
 
@@ -302,13 +353,38 @@ class NodeAgent:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _workdir(self, instance_id: str) -> Path:
+        return self.config.data_dir / "instances" / instance_id
+
+    def _spec(self, rec: s.InstanceRecord, user_data: str) -> StartSpec:
+        env = dict(self.instance_env)
+        env.update(ROOST_INSTANCE_ID=rec.instance_id, ROOST_INSTANCE_TYPE=rec.instance_type)
+        return StartSpec(rec.instance_id, self.config.catalog[rec.instance_type],
+                         IMAGES[rec.image_id], user_data, self._workdir(rec.instance_id), env)
+
+    def _boot_soon(self, instance_id: str, user_data: str) -> None:
+        task = asyncio.create_task(self._boot(instance_id, user_data))
+        self._tasks.add(task)
+        self._booting[instance_id] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._booting.get(instance_id) is t:
+                del self._booting[instance_id]
+
+        task.add_done_callback(done)
+
+    async def _booted(self, instance_id: str) -> None:
+        """Wait for a start under way: a stop must find the process it is to stop."""
+        boot = self._booting.get(instance_id)
+        if boot is not None:
+            await asyncio.shield(boot)
+
     async def _boot(self, instance_id: str, user_data: str) -> None:
-        rec = self._records[instance_id]
-        spec = StartSpec(instance_id, rec.instance_type, IMAGES[rec.image_id], user_data,
-                         self.config.data_dir / "instances" / instance_id)
+        spec = self._spec(self._records[instance_id], user_data)
         try:
             ref = await self.driver.start(spec, self._on_exit)
-        except OSError as exc:
+        except (OSError, DriverError) as exc:
             log.error("node %s: %s failed to start: %s", self.node_id, instance_id, exc)
             await self._move(instance_id, St.STOPPED, reason="Server.InternalError",
                              note=f"failed to start: {exc}")
@@ -317,12 +393,26 @@ class NodeAgent:
         if St(self._records[instance_id].state) is St.PENDING:
             await self._move(instance_id, St.RUNNING)
 
-    async def _on_exit(self, instance_id: str, code: int | None) -> None:
-        """The instance's process ended on its own: EC2's instance-initiated shutdown."""
-        if St(self._records[instance_id].state) not in (St.PENDING, St.RUNNING):
-            return  # a stop or terminate is already moving it
-        await self._move(instance_id, St.STOPPED, reason="Client.InstanceInitiatedShutdown",
-                         note=f"process exited with {code}", exit_code=code)
+    async def _on_exit(self, instance_id: str, ended: Exit) -> None:
+        """The instance's program ended on its own: EC2's instance-initiated shutdown,
+        which stops or terminates it as its shutdown behaviour says."""
+        rec = self._records[instance_id]
+        if St(rec.state) not in (St.PENDING, St.RUNNING) or instance_id in self._rebooting:
+            return  # a stop, terminate or reboot is already moving it
+        if ended.oom_limit_mib is not None:
+            reason = "Server.OutOfMemory"
+            note = (f"killed by its memory limit of {ended.oom_limit_mib} MiB "
+                    f"(out of memory); exit code {ended.code}")
+            log.warning("node %s: instance %s %s", self.node_id, instance_id, note)
+        else:
+            reason = "Client.InstanceInitiatedShutdown"
+            note = f"process exited with {ended.code}"
+        if rec.opts.shutdown_behavior == "terminate":
+            await self._move(instance_id, St.SHUTTING_DOWN, reason=reason, note=note,
+                             exit_code=ended.code)
+            await self._move(instance_id, St.TERMINATED, reason=reason)
+            return
+        await self._move(instance_id, St.STOPPED, reason=reason, note=note, exit_code=ended.code)
 
     # --- lifecycle commands -------------------------------------------------------------
 
@@ -338,30 +428,60 @@ class NodeAgent:
             reply = s.CommandReply(ok=False, error="InvalidInstanceID.NotFound",
                                    message=f"instance {cmd.instance_id} is not on {self.node_id}")
         else:
-            reply = await self.command(cmd.op, cmd.instance_id)
+            try:
+                reply = await self.command(cmd)
+            except Exception as exc:  # answer, so the gateway never waits out a timeout
+                log.exception("node %s: %s of %s failed", self.node_id, cmd.op,
+                              cmd.instance_id)
+                reply = s.CommandReply(ok=False, error="InternalError",
+                                       message=f"node {self.node_id}: {cmd.op} failed: {exc}")
         await self._reply(msg, reply)
 
-    async def command(self, op: s.CommandOp, instance_id: str) -> s.CommandReply:
-        """Apply a stop/start/terminate/describe. Stop and terminate answer at once with
-        the transitional state, as EC2 does, and finish in the background."""
-        before = St(self._records[instance_id].state)
+    async def command(self, cmd: s.InstanceCommand) -> s.CommandReply:
+        """Apply one lifecycle command. Stop, terminate and reboot answer at once (with
+        the transitional state for the first two, as EC2 does) and finish in the
+        background; protection is checked here, where the record is authoritative."""
+        iid, op = cmd.instance_id, cmd.op
+        if op in ("stop", "reboot", "modify"):
+            # A start in progress lands first (milliseconds): EC2 lets an instance be
+            # stopped as soon as it runs, and a caller that launches then stops at once
+            # should not meet the instant in between.
+            await self._booted(iid)
+        rec = self._records[iid]
+        before = St(rec.state)
         if op == "describe":
-            rec = self._records[instance_id]
-        elif op == "terminate":
-            rec = await self._terminate(instance_id, before)
+            return s.CommandReply(ok=True, instance=rec, previous_state=before.value)
+        if op == "console":
+            return s.CommandReply(ok=True, instance=rec, previous_state=before.value,
+                                  console=console_tail(self._workdir(iid) / "console.log"),
+                                  console_at=now_iso())
+        if op == "modify":
+            return await self._modify(iid, before, cmd.changes)
+        if op == "terminate":
+            # ``force`` is the gateway rolling back its own launch (MinCount not met).
+            if rec.opts.disable_api_termination and not cmd.force and before not in (
+                    St.SHUTTING_DOWN, St.TERMINATED):
+                return _not_permitted(iid, "terminated", "disableApiTermination")
+            rec = await self._terminate(iid, before)
         elif op == "stop":
             if before in (St.SHUTTING_DOWN, St.TERMINATED):
-                return self._incorrect(instance_id, op, before)
-            rec = await self._stop(instance_id, before)
+                return self._incorrect(iid, op, before)
+            if rec.opts.disable_api_stop:
+                return _not_permitted(iid, "stopped", "disableApiStop")
+            rec = await self._stop(iid, before)
+        elif op == "reboot":
+            if before is not St.RUNNING:
+                return self._incorrect(iid, op, before)
+            self._track(self._reboot(iid))
         else:
             if before in (St.SHUTTING_DOWN, St.TERMINATED, St.STOPPING):
-                return self._incorrect(instance_id, op, before)
-            started = await self._start(instance_id, before)
+                return self._incorrect(iid, op, before)
+            started = await self._start(iid, before)
             if started is None:
                 return s.CommandReply(ok=False, previous_state=before.value,
                                       error="InsufficientInstanceCapacity",
                                       message=f"node {self.node_id} has no room to start "
-                                              f"{instance_id} again")
+                                              f"{iid} as {rec.instance_type}")
             rec = started
         return s.CommandReply(ok=True, instance=rec, previous_state=before.value)
 
@@ -384,6 +504,7 @@ class NodeAgent:
         return rec
 
     async def _finish(self, instance_id: str, target: InstanceState, reason: str) -> None:
+        await self._booted(instance_id)
         await self.driver.stop(instance_id, grace=self.config.stop_grace_seconds)
         current = St(self._records[instance_id].state)
         if current is target or target not in TRANSITIONS[current]:
@@ -402,7 +523,71 @@ class NodeAgent:
                                gpus=list(alloc.gpus), exit_code=None)
         await self._changed()
         stored = self.state.get(instance_id)
-        self._track(self._boot(instance_id, stored.user_data if stored else ""))
+        self._boot_soon(instance_id, stored.user_data if stored else "")
+        return rec
+
+    async def _reboot(self, instance_id: str) -> None:
+        """Restart the instance's program in place: same id, allocation, devices and
+        cgroup; the state stays running, as on EC2."""
+        self._rebooting.add(instance_id)
+        try:
+            await self._booted(instance_id)
+            await self.driver.stop(instance_id, grace=self.config.stop_grace_seconds,
+                                   keep=True)
+            rec = self._records[instance_id]
+            if St(rec.state) is not St.RUNNING:
+                return  # a stop or terminate overtook the reboot
+            stored = self.state.get(instance_id)
+            ref = await self.driver.start(self._spec(rec, stored.user_data if stored else ""),
+                                          self._on_exit)
+            self.state.set_process(instance_id, ref)
+            log.info("node %s: rebooted %s", self.node_id, instance_id)
+        except (OSError, DriverError) as exc:
+            log.error("node %s: %s failed to reboot: %s", self.node_id, instance_id, exc)
+            await self._move(instance_id, St.STOPPED, reason="Server.InternalError",
+                             note=f"failed to reboot: {exc}")
+        finally:
+            self._rebooting.discard(instance_id)
+
+    async def _modify(self, instance_id: str, before: InstanceState,
+                      changes: s.InstanceChanges | None) -> s.CommandReply:
+        """ModifyInstanceAttribute and ModifyInstanceMetadataOptions. The type and the
+        user data change only while stopped (EC2's rule); starting again re-checks room
+        for the new type."""
+        if changes is None:
+            return s.CommandReply(ok=False, error="MissingParameter",
+                                  message="nothing to modify")
+        if before in (St.SHUTTING_DOWN, St.TERMINATED):
+            return self._incorrect(instance_id, "modify", before)
+        rec = self._records[instance_id]
+        if (changes.instance_type is not None or changes.user_data is not None) and (
+                before is not St.STOPPED):
+            return s.CommandReply(
+                ok=False, previous_state=before.value, error="IncorrectInstanceState",
+                message=f"The instance '{instance_id}' is not in the 'stopped' state.")
+        update: dict[str, object] = {}
+        if changes.instance_type is not None:
+            if changes.instance_type not in self.config.catalog:
+                return s.CommandReply(
+                    ok=False, error="InvalidInstanceAttributeValue",
+                    message=f"The instance type '{changes.instance_type}' is not supported "
+                            f"on node {self.node_id}.")
+            update["instance_type"] = changes.instance_type
+        if changes.options is not None:
+            update["options"] = changes.options
+        if changes.user_data is not None:
+            self.state.set_user_data(instance_id, changes.user_data)
+        rec = await self._rewrite(instance_id, **update)
+        return s.CommandReply(ok=True, instance=rec, previous_state=before.value)
+
+    async def _rewrite(self, instance_id: str, **changes: object) -> s.InstanceRecord:
+        """Change a record without a state transition: stored, then announced."""
+        rec = msgspec.structs.replace(self._records[instance_id], updated_at=now_iso(),
+                                      **changes)
+        self._records[instance_id] = rec
+        self.state.put(rec)
+        if self._kv is not None:
+            await self._kv.put(instance_id, s.encode(rec))
         return rec
 
     # --- control and fan-out ----------------------------------------------------------
@@ -439,3 +624,10 @@ class NodeAgent:
                 launch_id=req.launch_id, ok=True, node_id=self.node_id,
                 instance=self._records[seen.record.instance_id]))
 
+
+
+def _not_permitted(instance_id: str, verb: str, attribute: str) -> s.CommandReply:
+    return s.CommandReply(
+        ok=False, error="OperationNotPermitted",
+        message=f"The instance '{instance_id}' may not be {verb}. Modify its '{attribute}' "
+                f"instance attribute and try again.")

@@ -16,6 +16,7 @@ from roost.bus.connect import connect
 from roost.domain.catalog import BUILTIN, parse_types_toml
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.hostinfo import host_capacity
+from roost.node.isolation import LEVELS, Level
 
 
 def _default_node_id() -> str:
@@ -88,6 +89,36 @@ def _default_node_id() -> str:
     "sim: nothing runs (benchmarks). Env: ROOST_NODE_DRIVER.",
 )
 @click.option(
+    "--isolation",
+    envvar="ROOST_NODE_ISOLATION",
+    type=click.Choice(list(LEVELS)),
+    default="cgroup",
+    show_default=True,
+    help="process driver: cgroup = one cgroup per instance (memory, CPU quota, pids) and "
+    "whole-group stop; sandbox = cgroup plus bubblewrap (own pid namespace, private /tmp, "
+    "read-only host); none = a plain child process. Where the host can't, the node runs "
+    "at the level it can and says so in its log and `roost status`. "
+    "Env: ROOST_NODE_ISOLATION.",
+)
+@click.option(
+    "--imds-port",
+    envvar="ROOST_NODE_IMDS_PORT",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Loopback port of this node's instance metadata service; 0 picks one on first "
+    "start and keeps it in the data dir, so re-adopted instances still reach it. "
+    "Env: ROOST_NODE_IMDS_PORT.",
+)
+@click.option(
+    "--metrics-port",
+    envvar="ROOST_NODE_METRICS_PORT",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics (per-instance CPU seconds, memory, OOM kills) on "
+    "127.0.0.1:PORT. Off by default. Env: ROOST_NODE_METRICS_PORT.",
+)
+@click.option(
     "--availability-zone",
     envvar="ROOST_NODE_AVAILABILITY_ZONE",
     default="roost-1a",
@@ -130,6 +161,9 @@ def node(
     gpus: str,
     types_config: Path | None,
     driver: str,
+    isolation: Level,
+    imds_port: int,
+    metrics_port: int | None,
     availability_zone: str,
     heartbeat_seconds: float,
     stop_grace_seconds: float,
@@ -165,6 +199,9 @@ def node(
         host=host,
         catalog=catalog,
         driver=driver,
+        isolation=isolation,
+        imds_port=imds_port,
+        metrics_port=metrics_port,
         availability_zone=availability_zone,
         heartbeat_seconds=heartbeat_seconds,
         stop_grace_seconds=stop_grace_seconds,
@@ -182,9 +219,12 @@ async def _run(config: NodeConfig) -> None:
     await agent.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
+    note = agent.driver.isolation_note
     click.echo(
         f"node {config.node_id} ready: {len(agent.ledger.fitting_types())} types fit, "
-        f"{len(agent.ledger.allocations)} instances held",
+        f"{len(agent.ledger.allocations)} instances held, isolation "
+        f"{agent.driver.isolation}{f' ({note})' if note else ''}, "
+        f"metadata service {agent.imds_endpoint or 'off'}",
         err=True,
     )
     await agent.stopped.wait()

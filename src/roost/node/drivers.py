@@ -1,28 +1,38 @@
 """Instance drivers: what "running an instance" means on this node.
 
-- `ProcessDriver`: the user data runs as a real child process in its own process group
-  (its own session), so terminate can kill everything it started and an agent crash
-  leaves it running for the restarted agent to re-adopt.
+- `ProcessDriver` (`roost.node.process`): the user data runs as a real process, inside a
+  cgroup sized from its instance type where the host allows it (`roost.node.isolation`).
 - `SimDriver`: nothing runs. For benchmarks and large simulated clusters.
+
+The agent talks to a driver only through `InstanceDriver`, so a later driver (a VM per
+instance) slots in without the agent knowing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import signal
-import sys
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from roost.domain.catalog import InstanceType
 from roost.domain.images import Image
+from roost.node.cgroups import Usage
 
-ExitCallback = Callable[[str, int | None], Awaitable[None]]
-"""Called with (instance id, exit code or None if unknown) when an instance's process
-ends without being asked to."""
+__all__ = ["Usage"]  # an instance's accounting is its cgroup's
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """How an instance's program ended when nobody asked it to."""
+
+    code: int | None  # None when unknown (an adopted process is not our child)
+    oom_limit_mib: int | None = None
+    """Set when the memory limit's out-of-memory killer fired: the limit it enforced."""
+
+
+ExitCallback = Callable[[str, Exit], Awaitable[None]]
+"""Called with (instance id, how it ended) when an instance's program ends by itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,23 +47,59 @@ class ProcessRef:
 @dataclass(frozen=True, slots=True)
 class StartSpec:
     instance_id: str
-    instance_type: str
+    itype: InstanceType
     image: Image
     user_data: str
     workdir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the instance's program (its metadata endpoint, its id)."""
+
+
+class DriverError(Exception):
+    """The driver cannot host this instance (e.g. its cgroup cannot be made). The launch
+    is refused with this message; nothing else on the node is touched."""
 
 
 class InstanceDriver(Protocol):
     name: str
 
-    async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None: ...
-
-    async def stop(self, instance_id: str, *, grace: float) -> int | None:
-        """Stop the instance (TERM, then KILL after ``grace``); its exit code if known."""
+    @property
+    def isolation(self) -> str:
+        """What holds an instance to its type here: "none", "cgroup" or "sandbox"."""
         ...
 
-    def adopt(self, instance_id: str, ref: ProcessRef | None, on_exit: ExitCallback) -> bool:
+    @property
+    def isolation_note(self) -> str:
+        """Why isolation is lower than asked for ("" when it is not)."""
+        ...
+
+    def prepare(self, spec: StartSpec) -> None:
+        """Make what the instance needs before it is accepted (its cgroup); raises
+        `DriverError`, and then leaves nothing behind."""
+        ...
+
+    async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None: ...
+
+    async def stop(self, instance_id: str, *, grace: float, keep: bool = False) -> None:
+        """Stop everything the instance runs (TERM, then KILL after ``grace``). With
+        ``keep`` its cgroup stays for a restart in place (reboot)."""
+        ...
+
+    def adopt(self, spec: StartSpec, ref: ProcessRef | None, on_exit: ExitCallback) -> bool:
         """Re-attach to an instance after an agent restart; False if it is gone."""
+        ...
+
+    def usage(self, instance_id: str) -> Usage | None:
+        """The instance's accounting, or None where nothing accounts for it."""
+        ...
+
+    def instance_of(self, pid: int) -> str | None:
+        """The instance a host pid belongs to, or None (used to identify metadata
+        callers from kernel facts)."""
+        ...
+
+    def pids(self, instance_id: str) -> set[int]:
+        """Every host pid the instance runs now."""
         ...
 
     async def close(self) -> None:
@@ -63,15 +109,29 @@ class InstanceDriver(Protocol):
 
 class SimDriver:
     name = "sim"
+    isolation = "none"
+    isolation_note = ""
+
+    def prepare(self, spec: StartSpec) -> None:
+        return None
 
     async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None:
         return None
 
-    async def stop(self, instance_id: str, *, grace: float) -> int | None:
+    async def stop(self, instance_id: str, *, grace: float, keep: bool = False) -> None:
         return None
 
-    def adopt(self, instance_id: str, ref: ProcessRef | None, on_exit: ExitCallback) -> bool:
+    def adopt(self, spec: StartSpec, ref: ProcessRef | None, on_exit: ExitCallback) -> bool:
         return True
+
+    def usage(self, instance_id: str) -> Usage | None:
+        return None
+
+    def instance_of(self, pid: int) -> str | None:
+        return None
+
+    def pids(self, instance_id: str) -> set[int]:
+        return set()
 
     async def close(self) -> None:
         return None
@@ -93,115 +153,3 @@ def start_ticks(pid: int) -> int | None:
 
 def alive(ref: ProcessRef) -> bool:
     return start_ticks(ref.pid) == ref.start_ticks
-
-
-_IDLE = "exec sleep 2147483647\n"  # an instance with no user data idles, like a booted host
-
-
-class ProcessDriver:
-    name = "process"
-
-    def __init__(self, *, poll_seconds: float = 0.5) -> None:
-        self._poll = poll_seconds
-        self._refs: dict[str, ProcessRef] = {}
-        self._watchers: dict[str, asyncio.Task[None]] = {}
-        self._stopping: set[str] = set()
-
-    def _command(self, spec: StartSpec) -> list[str]:
-        spec.workdir.mkdir(parents=True, exist_ok=True)
-        script = spec.workdir / "user-data"
-        script.write_text(spec.user_data or _IDLE)
-        script.chmod(0o700)
-        if spec.image.interpreter == "python" and spec.user_data:
-            return [sys.executable, str(script)]
-        if spec.user_data.startswith("#!"):
-            return [str(script)]
-        return ["/bin/sh", str(script)]
-
-    async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None:
-        env = dict(os.environ)
-        env.update(ROOST_INSTANCE_ID=spec.instance_id, ROOST_INSTANCE_TYPE=spec.instance_type)
-        command = self._command(spec)
-        with (spec.workdir / "console.log").open("ab") as log:
-            proc = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log,
-                stderr=log, cwd=spec.workdir, env=env, start_new_session=True,
-            )
-        ticks = start_ticks(proc.pid)
-        ref = ProcessRef(proc.pid, ticks if ticks is not None else -1)
-        self._refs[spec.instance_id] = ref
-        self._watchers[spec.instance_id] = asyncio.create_task(
-            self._wait_child(spec.instance_id, proc, on_exit)
-        )
-        return ref
-
-    async def _wait_child(
-        self, instance_id: str, proc: asyncio.subprocess.Process, on_exit: ExitCallback
-    ) -> None:
-        code = await proc.wait()
-        await self._exited(instance_id, code, on_exit)
-
-    async def _exited(self, instance_id: str, code: int | None, on_exit: ExitCallback) -> None:
-        self._refs.pop(instance_id, None)
-        self._watchers.pop(instance_id, None)
-        if instance_id not in self._stopping:
-            await on_exit(instance_id, code)
-
-    def adopt(self, instance_id: str, ref: ProcessRef | None, on_exit: ExitCallback) -> bool:
-        if ref is None or not alive(ref):
-            return False
-        self._refs[instance_id] = ref
-        self._watchers[instance_id] = asyncio.create_task(
-            self._poll_adopted(instance_id, ref, on_exit)
-        )
-        return True
-
-    async def _poll_adopted(self, instance_id: str, ref: ProcessRef, on_exit: ExitCallback) -> None:
-        # Not our child any more (the old agent was its parent), so we can't wait(2) on
-        # it: poll /proc instead. Its exit code is lost with its old parent.
-        while alive(ref):  # noqa: ASYNC110 - /proc offers no event to wait on
-            await asyncio.sleep(self._poll)
-        await self._exited(instance_id, None, on_exit)
-
-    async def stop(self, instance_id: str, *, grace: float) -> int | None:
-        ref = self._refs.get(instance_id)
-        if ref is None or not alive(ref):
-            return None
-        self._stopping.add(instance_id)
-        try:
-            self._signal_group(ref, signal.SIGTERM)
-            watcher = self._watchers.get(instance_id)
-            if watcher is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(watcher), grace)
-                except TimeoutError:
-                    self._signal_group(ref, signal.SIGKILL)
-                    await watcher
-            # The leader is gone; anything it left in its group goes with it.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(ref.pid, signal.SIGKILL)
-            return None
-        finally:
-            self._stopping.discard(instance_id)
-
-    @staticmethod
-    def _signal_group(ref: ProcessRef, sig: int) -> None:
-        # The instance leads its own session and group (start_new_session), so its pid
-        # is its group id; re-check identity first so a reused pid is never signalled.
-        if alive(ref):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(ref.pid, sig)
-
-    async def close(self) -> None:
-        for task in list(self._watchers.values()):
-            task.cancel()
-        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
-        self._watchers.clear()
-
-
-def make_driver(name: str) -> InstanceDriver:
-    if name == "process":
-        return ProcessDriver()
-    if name == "sim":
-        return SimDriver()
-    raise ValueError(f"unknown driver {name!r}: expected 'process' or 'sim'")

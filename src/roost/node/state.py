@@ -50,6 +50,10 @@ class NodeState:
             (record.instance_id, record.launch_id, encode(record), user_data or ""),
         )
 
+    def set_user_data(self, instance_id: str, user_data: str) -> None:
+        self._db.execute("UPDATE instances SET user_data = ? WHERE instance_id = ?",
+                         (user_data, instance_id))
+
     def set_process(self, instance_id: str, ref: ProcessRef | None) -> None:
         self._db.execute(
             "UPDATE instances SET pid = ?, start_ticks = ? WHERE instance_id = ?",

@@ -1,0 +1,26 @@
+"""An instance's console: what its program wrote to stdout and stderr (the process
+driver) or its serial port (a VM), kept in ``console.log`` in its directory.
+
+EC2 keeps the last 64 KiB of console output and `GetConsoleOutput` returns it base64
+encoded; the node does the same from the file.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+CONSOLE_TAIL_BYTES = 64 * 1024
+
+
+def console_tail(path: Path, limit: int = CONSOLE_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of ``path``, base64; "" when there is no console yet."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - limit))
+            data = f.read(limit)
+    except FileNotFoundError:
+        return ""
+    return base64.b64encode(data).decode("ascii")
