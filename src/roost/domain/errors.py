@@ -11,6 +11,8 @@ RoostError
  │    ├── InvalidAMIIDNotFound       400  InvalidAMIID.NotFound
  │    ├── InvalidID                  400  a resource id of no kind roost knows
  │    ├── IncorrectInstanceState     400
+ │    ├── OperationNotPermitted      400  termination or stop protection
+ │    ├── InvalidInstanceAttributeValue 400
  │    ├── IdempotentParameterMismatch 400
  │    ├── InvalidPaginationToken     400
  │    ├── AuthFailure                401
@@ -78,6 +80,14 @@ class InvalidID(ClientError):
 
 class IncorrectInstanceState(ClientError):
     code = "IncorrectInstanceState"
+
+
+class OperationNotPermitted(ClientError):
+    code = "OperationNotPermitted"
+
+
+class InvalidInstanceAttributeValue(ClientError):
+    code = "InvalidInstanceAttributeValue"
 
 
 class IdempotentParameterMismatch(ClientError):

@@ -110,9 +110,25 @@ async def describe_instance_credit_specifications(c: Call) -> str:
 
 
 async def modify_instance_attribute(c: Call) -> str:
-    instance_id, changes = rq.parse_modify_instance_attribute(c.params)
-    await c.service.modify_instance_attribute(instance_id, changes)
+    await c.service.modify_instance(rq.parse_modify_instance_attribute(c.params))
     return render.ok("ModifyInstanceAttribute", c.request_id)
+
+
+async def modify_instance_metadata_options(c: Call) -> str:
+    req = rq.parse_modify_metadata_options(c.params)
+    await c.service.modify_instance(req)
+    (rec,) = await c.service.index.require([req.instance_id])
+    return render.metadata_options_result(rec, c.request_id)
+
+
+async def reboot_instances(c: Call) -> str:
+    await c.service.change_state("reboot", rq.parse_instance_ids(c.params))
+    return render.ok("RebootInstances", c.request_id)
+
+
+async def get_console_output(c: Call) -> str:
+    out = await c.service.console_output(rq.parse_console_output(c.params))
+    return render.console_output(out.instance_id, out.output, out.timestamp, c.request_id)
 
 
 ACTIONS: dict[str, Action] = {
@@ -132,4 +148,7 @@ ACTIONS: dict[str, Action] = {
     "DescribeInstanceAttribute": describe_instance_attribute,
     "DescribeInstanceCreditSpecifications": describe_instance_credit_specifications,
     "ModifyInstanceAttribute": modify_instance_attribute,
+    "ModifyInstanceMetadataOptions": modify_instance_metadata_options,
+    "RebootInstances": reboot_instances,
+    "GetConsoleOutput": get_console_output,
 }

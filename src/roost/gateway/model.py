@@ -58,10 +58,8 @@ class InstanceAttribute:
 
 # What DescribeInstanceAttribute answers for attributes roost has no notion of: the
 # values a plain EC2 instance reports, which is what Terraform compares against.
+# (Protection and shutdown behaviour are enforced and read from the record.)
 FIXED_ATTRIBUTES = {
-    "disableApiTermination": "false",
-    "disableApiStop": "false",
-    "instanceInitiatedShutdownBehavior": "stop",
     "sourceDestCheck": "true",
     "ebsOptimized": "false",
     "enaSupport": "true",

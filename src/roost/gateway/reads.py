@@ -167,9 +167,22 @@ class Ec2Reads:
         if req.attribute == "userData":
             user_data = await self.service.index.user_data(rec.instance_id)
             return InstanceAttribute(rec.instance_id, "userData", user_data)
+        enforced = _enforced_attributes(rec)
+        if req.attribute in enforced:
+            return InstanceAttribute(rec.instance_id, req.attribute, enforced[req.attribute])
         if req.attribute not in FIXED_ATTRIBUTES:
             raise InvalidParameterValue(
                 f"Value ({req.attribute}) for parameter attribute is invalid."
             )
         value = FIXED_ATTRIBUTES[req.attribute]
         return InstanceAttribute(rec.instance_id, req.attribute, value)
+
+
+def _enforced_attributes(rec: InstanceRecord) -> dict[str, str]:
+    """The attributes the node enforces, as DescribeInstanceAttribute shows them."""
+    opts = rec.opts
+    return {
+        "disableApiTermination": str(opts.disable_api_termination).lower(),
+        "disableApiStop": str(opts.disable_api_stop).lower(),
+        "instanceInitiatedShutdownBehavior": opts.shutdown_behavior,
+    }

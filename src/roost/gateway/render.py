@@ -71,15 +71,22 @@ def instance(rec: InstanceRecord, itype: InstanceType | None) -> str:
         node("capacityReservationSpecification",
              text("capacityReservationPreference", "open")),
         node("hibernationOptions", text("configured", False)),
-        node("metadataOptions", text("state", "applied"), text("httpTokens", "optional"),
-             text("httpPutResponseHopLimit", 1), text("httpEndpoint", "enabled"),
-             text("httpProtocolIpv6", "disabled"), text("instanceMetadataTags", "disabled")),
+        metadata_options(rec),
         node("enclaveOptions", text("enabled", False)),
         text("platformDetails", "Linux/UNIX"),
         text("usageOperation", "RunInstances"),
         node("maintenanceOptions", text("autoRecovery", "default")),
         text("currentInstanceBootMode", "legacy-bios"),
     ]))
+
+
+def metadata_options(rec: InstanceRecord, tag: str = "metadataOptions") -> Fragment:
+    opts = rec.opts
+    return node(tag, text("state", "applied"), text("httpTokens", opts.http_tokens),
+                text("httpPutResponseHopLimit", opts.http_put_response_hop_limit),
+                text("httpEndpoint", opts.http_endpoint),
+                text("httpProtocolIpv6", "disabled"),
+                text("instanceMetadataTags", opts.instance_metadata_tags))
 
 
 TypeLookup = Mapping[str, InstanceType]
@@ -241,3 +248,15 @@ def credit_specifications(recs: Iterable[InstanceRecord], request_id: str) -> st
         "instanceCreditSpecificationSet",
         (text("instanceId", r.instance_id) + text("cpuCredits", "unlimited") for r in recs),
     ))
+
+
+def console_output(instance_id: str, output: str, at: str, request_id: str) -> str:
+    return response("GetConsoleOutput", request_id, text("instanceId", instance_id),
+                    text("timestamp", timestamp(at) if at else None),
+                    text("output", output or None))
+
+
+def metadata_options_result(rec: InstanceRecord, request_id: str) -> str:
+    return response("ModifyInstanceMetadataOptions", request_id,
+                    text("instanceId", rec.instance_id),
+                    metadata_options(rec, "instanceMetadataOptions"))

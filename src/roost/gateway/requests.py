@@ -11,7 +11,11 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass, field
+from typing import Literal
 
+import msgspec
+
+from roost.bus.schemas import DEFAULT_OPTIONS, InstanceChanges, InstanceOptions
 from roost.domain.errors import (
     InvalidID,
     InvalidInstanceIDMalformed,
@@ -51,11 +55,13 @@ class RunInstancesRequest:
     user_data: str = ""
     availability_zone: str = ""
     dry_run: bool = False
+    options: InstanceOptions = DEFAULT_OPTIONS
 
     def fingerprint(self) -> tuple[object, ...]:
         """What must match for a repeated ClientToken to count as the same request."""
         return (self.image_id, self.instance_type, self.min_count, self.max_count,
-                self.tags, self.user_data, self.availability_zone)
+                self.tags, self.user_data, self.availability_zone,
+                tuple(sorted(msgspec.structs.asdict(self.options).items())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,32 @@ class TagsRequest:
 class InstanceAttributeRequest:
     instance_id: str
     attribute: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleOutputRequest:
+    instance_id: str
+    latest: bool = False
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModifyInstanceRequest:
+    """ModifyInstanceAttribute or ModifyInstanceMetadataOptions: ``options`` holds the
+    option fields named in the call (the rest keep their value); ``fixed`` holds the
+    attributes roost has no notion of, which may only be "set" to what they are."""
+
+    instance_id: str
+    options: dict[str, object] = field(default_factory=dict)
+    instance_type: str | None = None
+    user_data: str | None = None
+    fixed: dict[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def changes(self, current: InstanceOptions) -> InstanceChanges:
+        opts = msgspec.structs.replace(current, **self.options) if self.options else None
+        return InstanceChanges(options=opts, instance_type=self.instance_type,
+                               user_data=self.user_data)
 
 
 def instance_ids(values: list[str]) -> tuple[str, ...]:
@@ -159,6 +191,49 @@ def _count(p: Params, name: str) -> int:
     return n
 
 
+_SHUTDOWN = ("stop", "terminate")
+
+
+def _choice(p: Params, name: str, allowed: tuple[str, ...]) -> str | None:
+    value = p.get(name)
+    if value is None:
+        return None
+    if value not in allowed:
+        raise InvalidParameterValue(
+            f"Value ({value}) for parameter {name} is invalid. "
+            f"Valid values: {', '.join(allowed)}.")
+    return value
+
+
+def _metadata_options(p: Params, prefix: str) -> dict[str, object]:
+    """MetadataOptions.* at launch, or the parameters of ModifyInstanceMetadataOptions
+    (``prefix`` ""), as InstanceOptions fields."""
+    out: dict[str, object] = {}
+    tokens = _choice(p, f"{prefix}HttpTokens", ("optional", "required"))
+    endpoint = _choice(p, f"{prefix}HttpEndpoint", ("enabled", "disabled"))
+    tags = _choice(p, f"{prefix}InstanceMetadataTags", ("enabled", "disabled"))
+    hops = p.integer(f"{prefix}HttpPutResponseHopLimit")
+    if hops is not None and not 1 <= hops <= 64:
+        raise InvalidParameterValue(
+            f"Value ({hops}) for parameter HttpPutResponseHopLimit is invalid. "
+            "Expecting a value between 1 and 64.")
+    for key, value in (("http_tokens", tokens), ("http_endpoint", endpoint),
+                       ("instance_metadata_tags", tags),
+                       ("http_put_response_hop_limit", hops)):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _launch_options(p: Params) -> InstanceOptions:
+    fields = _metadata_options(p, "MetadataOptions.")
+    fields["disable_api_termination"] = p.flag("DisableApiTermination")
+    fields["disable_api_stop"] = p.flag("DisableApiStop")
+    fields["shutdown_behavior"] = _choice(p, "InstanceInitiatedShutdownBehavior",
+                                          _SHUTDOWN) or "stop"
+    return msgspec.structs.replace(DEFAULT_OPTIONS, **fields)
+
+
 def parse_run_instances(p: Params) -> RunInstancesRequest:
     image_id = p.require("ImageId")
     itype = p.require("InstanceType")
@@ -183,6 +258,7 @@ def parse_run_instances(p: Params) -> RunInstancesRequest:
         user_data=_user_data(p.get("UserData") or ""),
         availability_zone=p.get("Placement.AvailabilityZone") or "",
         dry_run=p.flag("DryRun"),
+        options=_launch_options(p),
     )
 
 
@@ -249,20 +325,73 @@ def parse_instance_attribute(p: Params) -> InstanceAttributeRequest:
     return InstanceAttributeRequest(iid, p.require("Attribute"))
 
 
-def parse_modify_instance_attribute(p: Params) -> tuple[str, dict[str, str]]:
-    """``(instance id, {attribute: value})`` from either form EC2 takes: ``Attribute`` +
-    ``Value``, or ``<Attribute>.Value`` (``DisableApiTermination.Value=false``)."""
+# ModifyInstanceAttribute's attributes roost enforces: (wire name, option field, kind).
+_MODIFIABLE: dict[str, tuple[str, Literal["bool", "shutdown"]]] = {
+    "disableApiTermination": ("disable_api_termination", "bool"),
+    "disableApiStop": ("disable_api_stop", "bool"),
+    "instanceInitiatedShutdownBehavior": ("shutdown_behavior", "shutdown"),
+}
+_FIXED_NAMES = ("SourceDestCheck", "EbsOptimized", "EnaSupport", "Kernel", "Ramdisk")
+
+
+def _lower_first(name: str) -> str:
+    return name[0].lower() + name[1:]
+
+
+def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
+    """Either form EC2 takes: ``Attribute`` + ``Value``, or ``<Attribute>.Value``
+    (``DisableApiTermination.Value=false``)."""
     (iid,) = instance_ids([p.require("InstanceId")])
-    changes: dict[str, str] = {}
+    raw: dict[str, str] = {}
     name = p.get("Attribute")
     if name:
-        changes[name] = p.require("Value")
+        raw[name] = p.require("Value")
     for key in ("DisableApiTermination", "DisableApiStop", "InstanceInitiatedShutdownBehavior",
-                "SourceDestCheck", "EbsOptimized", "EnaSupport", "InstanceType", "UserData",
-                "Kernel", "Ramdisk"):
+                "InstanceType", "UserData", *_FIXED_NAMES):
         value = p.get(f"{key}.Value")
         if value is not None:
-            changes[key[0].lower() + key[1:]] = value
-    if not changes:
+            raw[_lower_first(key)] = value
+    if not raw:
         raise MissingParameter("The request must contain an attribute to modify.")
-    return iid, changes
+    options: dict[str, object] = {}
+    fixed: dict[str, str] = {}
+    instance_type = user_data = None
+    for attr, value in raw.items():
+        if attr in _MODIFIABLE:
+            field_name, kind = _MODIFIABLE[attr]
+            options[field_name] = (_boolean(attr, value) if kind == "bool"
+                                   else _one_of(attr, value, _SHUTDOWN))
+        elif attr == "instanceType":
+            instance_type = value
+        elif attr == "userData":
+            user_data = _user_data(value)
+        else:
+            fixed[attr] = value
+    return ModifyInstanceRequest(iid, options, instance_type, user_data, fixed,
+                                 dry_run=p.flag("DryRun"))
+
+
+def _boolean(attr: str, value: str) -> bool:
+    low = value.lower()
+    if low not in ("true", "false"):
+        raise InvalidParameterValue(f"Value ({value}) for parameter {attr} is invalid. "
+                                    "Expected a boolean.")
+    return low == "true"
+
+
+def _one_of(attr: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise InvalidParameterValue(f"Value ({value}) for parameter {attr} is invalid. "
+                                    f"Valid values: {', '.join(allowed)}.")
+    return value
+
+
+def parse_modify_metadata_options(p: Params) -> ModifyInstanceRequest:
+    (iid,) = instance_ids([p.require("InstanceId")])
+    return ModifyInstanceRequest(iid, options=_metadata_options(p, ""),
+                                 dry_run=p.flag("DryRun"))
+
+
+def parse_console_output(p: Params) -> ConsoleOutputRequest:
+    (iid,) = instance_ids([p.require("InstanceId")])
+    return ConsoleOutputRequest(iid, latest=p.flag("Latest"), dry_run=p.flag("DryRun"))

@@ -14,7 +14,13 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
-from roost.bus.schemas import InstanceCommand, InstanceRecord, LaunchRequest
+from roost.bus.schemas import (
+    DEFAULT_OPTIONS,
+    CommandReply,
+    InstanceCommand,
+    InstanceRecord,
+    LaunchRequest,
+)
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     DryRunOperation,
@@ -23,6 +29,7 @@ from roost.domain.errors import (
     InternalError,
     InvalidAMIIDNotFound,
     InvalidParameterValue,
+    OperationNotPermitted,
     RoostError,
     ServiceUnavailable,
 )
@@ -33,15 +40,21 @@ from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
 from roost.gateway.model import FIXED_ATTRIBUTES, Reservation, StateChange
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
-from roost.gateway.requests import InstanceIdsRequest, RunInstancesRequest
+from roost.gateway.requests import (
+    ConsoleOutputRequest,
+    InstanceIdsRequest,
+    ModifyInstanceRequest,
+    RunInstancesRequest,
+)
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
 from roost.gateway.types import TypeRegistry
 
 log = logging.getLogger(__name__)
 
-Op = Literal["stop", "start", "terminate"]
+Op = Literal["stop", "start", "terminate", "reboot"]
 DRY_RUN = "Request would have succeeded, but DryRun flag is set."
-_VERBS = {"stop": "stopped", "start": "started", "terminate": "terminated"}
+_VERBS = {"stop": "stopped", "start": "started", "terminate": "terminated",
+          "reboot": "rebooted"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +179,7 @@ class Ec2Service:
             image_id=req.image_id, reservation_id=rid, user_data=req.user_data,
             tags=dict(req.tags), availability_zone=req.availability_zone,
             client_token=req.client_token, owner_id=self.site.owner_id, ami_launch_index=index,
+            options=None if req.options == DEFAULT_OPTIONS else req.options,
         )
 
     def _replay(self, entry: TokenEntry) -> Reservation:
@@ -179,8 +193,12 @@ class Ec2Service:
         records = await self.index.require(req.instance_ids)
         if req.dry_run:
             raise DryRunOperation(DRY_RUN)
+        _check_protection(op, records)
+        # Force means "stop without waiting" and nothing else: termination protection is
+        # lifted only by the gateway's own rollback (`Launcher.rollback`).
+        force = req.force and op == "stop"
         results = await asyncio.gather(
-            *(self._command(op, rec, force=req.force) for rec in records),
+            *(self._command(op, rec, force=force) for rec in records),
             return_exceptions=True,
         )
         changes = []
@@ -198,34 +216,65 @@ class Ec2Service:
             raise IncorrectInstanceState(
                 f"The instance '{iid}' is not in a state from which it can be {_VERBS[op]}."
             )
-        cmd = InstanceCommand(op=op, instance_id=iid, force=force)
+        reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+        current = reply.instance.state if reply.instance is not None else rec.state
+        return StateChange(iid, current, reply.previous_state or rec.state)
+
+    async def _ask(self, rec: InstanceRecord, cmd: InstanceCommand) -> CommandReply:
+        """Send ``cmd`` to the node that holds ``rec``; its refusal as the EC2 error."""
         try:
             reply = await self.nodes.command(rec.node_id, cmd)
         except (NoResponders, NodeTimeout) as exc:
             raise ServiceUnavailable(
-                f"Node {rec.node_id}, which holds {iid}, did not answer ({type(exc).__name__})."
+                f"Node {rec.node_id}, which holds {rec.instance_id}, did not answer "
+                f"({type(exc).__name__})."
             ) from None
         except BadReply as exc:
             raise InternalError(f"Node {rec.node_id} sent an unreadable reply: {exc}") from None
         if not reply.ok:
             raise error_for_code(reply.error, reply.message)
-        current = rec.state
         if reply.instance is not None:
             self.index.upsert(reply.instance)
-            current = reply.instance.state
-        return StateChange(iid, current, reply.previous_state or rec.state)
+        return reply
 
-    async def modify_instance_attribute(self, instance_id: str, changes: dict[str, str]
-                                        ) -> None:
-        """Attributes roost has no notion of may be "set" only to the value they have,
-        which is what Terraform does before a destroy; anything else is refused."""
-        (rec,) = await self.index.require([instance_id])
-        for name, value in changes.items():
-            current = rec.instance_type if name == "instanceType" else FIXED_ATTRIBUTES.get(name)
+    async def console_output(self, req: ConsoleOutputRequest) -> ConsoleOutput:
+        """The last 64 KiB of the instance's console. roost's console is live, so the
+        latest output is what either value of ``Latest`` gets."""
+        (rec,) = await self.index.require([req.instance_id])
+        if req.dry_run:
+            raise DryRunOperation(DRY_RUN)
+        if rec.state == "terminated":
+            return ConsoleOutput(rec.instance_id, "", rec.updated_at)
+        reply = await self._ask(rec, InstanceCommand(op="console", instance_id=rec.instance_id))
+        return ConsoleOutput(rec.instance_id, reply.console, reply.console_at)
+
+    async def modify_instance(self, req: ModifyInstanceRequest) -> None:
+        """ModifyInstanceAttribute and ModifyInstanceMetadataOptions.
+
+        What roost enforces (protection, shutdown behaviour, type, user data, metadata
+        options) goes to the node, which owns the record. Attributes roost has no notion
+        of may be "set" only to the value they have, which is what Terraform does before
+        a destroy; anything else is refused.
+        """
+        (rec,) = await self.index.require([req.instance_id])
+        for name, value in req.fixed.items():
+            current = FIXED_ATTRIBUTES.get(name)
             if current is None or value.lower() != current.lower():
                 raise InvalidParameterValue(
-                    f"roost cannot set {name} to {value!r} on {instance_id}."
+                    f"roost cannot set {name} to {value!r} on {req.instance_id}."
                 )
+        if req.instance_type is not None:
+            await self.types.resolve(req.instance_type)
+        if req.dry_run:
+            raise DryRunOperation(DRY_RUN)
+        if not (req.options or req.instance_type is not None or req.user_data is not None):
+            return
+        cmd = InstanceCommand(op="modify", instance_id=rec.instance_id,
+                              changes=req.changes(rec.opts))
+        await self._ask(rec, cmd)
+        if req.user_data is not None:
+            encoded = base64.b64encode(req.user_data.encode()).decode()
+            await self.index.put_user_data(rec.instance_id, encoded)
 
     # -- Tags ---------------------------------------------------------------------------
 
@@ -236,6 +285,29 @@ class Ec2Service:
             raise DryRunOperation(DRY_RUN)
         for rec in records:
             await self.index.set_tags(rec, tags, delete=delete)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleOutput:
+    instance_id: str
+    output: str  # base64
+    timestamp: str  # ISO 8601, UTC
+
+
+def _check_protection(op: Op, records: list[InstanceRecord]) -> None:
+    """Refuse the whole call, before any instance is touched, when one of them is
+    protected against it (as EC2 does). The node checks again, against races."""
+    for rec in records:
+        if rec.state in ("shutting-down", "terminated"):
+            continue
+        if op == "terminate" and rec.opts.disable_api_termination:
+            raise OperationNotPermitted(
+                f"The instance '{rec.instance_id}' may not be terminated. Modify its "
+                "'disableApiTermination' instance attribute and try again.")
+        if op == "stop" and rec.opts.disable_api_stop:
+            raise OperationNotPermitted(
+                f"The instance '{rec.instance_id}' may not be stopped. Modify its "
+                "'disableApiStop' instance attribute and try again.")
 
 
 def failure_code(exc: BaseException) -> str:
