@@ -35,6 +35,9 @@ BENCHMARKS = {
                             "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
     "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
                                   "Plan and tick cost of the capacity controller at scale."),
+    "isolation": BenchEntry("roost.bench.isolation", "isolation",
+                            "Launch and terminate latency per isolation level (none, cgroup, "
+                            "sandbox), side by side in one run on this host."),
     "launch": BenchEntry("roost.bench.launch", "launch",
                          "RunInstances + TerminateInstances latency (p50/p99) and throughput, "
                          "beside moto's server and a raw NATS floor, plus "
