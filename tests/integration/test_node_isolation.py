@@ -12,7 +12,7 @@ from roost.domain.catalog import BUILTIN
 from roost.embedded import NatsServer
 from roost.node import isolation as iso_mod
 from roost.node.agent import NodeAgent, NodeConfig
-from roost.node.cgroups import CgroupError, CgroupUnavailable, Cgroups, InstanceCgroup, Limits
+from roost.node.cgroups import CgroupError, Cgroups, CgroupUnavailable, InstanceCgroup, Limits
 from roost.node.isolation import Isolation, make_isolation
 from roost.node.process import ProcessDriver
 from tests.nodes import client, command, host, launch, wait_state

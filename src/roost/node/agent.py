@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import shutil
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -57,6 +58,12 @@ class NodeConfig:
     heartbeat_seconds: float = 2.0
     stop_grace_seconds: float = 10.0
     isolation: Level = "cgroup"
+    max_inflight: int = 256
+    """Messages handled at once; past it a subscription waits (NATS buffers, then tells
+    the sender it is slow) instead of the agent spawning without bound."""
+    terminated_retention_seconds: float = 3600.0
+    """How long a terminated instance stays describable (EC2: about an hour); then its
+    record, KV entry, user data and directory are removed."""
     imds_port: int | None = 0
     """Loopback port of the metadata service: 0 picks one once and keeps it in the data
     dir; None runs no metadata service."""
@@ -101,6 +108,7 @@ class NodeAgent:
         self._seq = 0
         self._inflight: dict[str, asyncio.Future[s.LaunchReply]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(config.max_inflight)
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
         self._subs: TypeSubscriptions | None = None
@@ -203,7 +211,9 @@ class NodeAgent:
         handler that triggered it."""
 
         async def cb(msg: Msg) -> None:
-            self._track(handler(msg))
+            await self._slots.acquire()
+            task = self._track(handler(msg))
+            task.add_done_callback(lambda _: self._slots.release())
 
         return cb
 
@@ -264,14 +274,35 @@ class NodeAgent:
             await self._nc.publish(subjects.capacity(self.node_id), s.encode(self.snapshot()))
 
     async def _heartbeat_loop(self) -> None:
+        next_expiry = 0.0
         while True:
             await asyncio.sleep(self.config.heartbeat_seconds)
             try:
                 # Subscriptions too, not only the snapshot: a sync that failed after a
                 # release (see `_move`) is mended here. Nothing changed costs no I/O.
                 await self._changed()
+                if time.monotonic() >= next_expiry:
+                    next_expiry = time.monotonic() + min(
+                        60.0, self.config.terminated_retention_seconds / 4)
+                    await self._expire_terminated()
             except Exception:  # a NATS hiccup must not end the heartbeat for good
                 log.exception("node %s: heartbeat failed", self.node_id)
+
+    async def _expire_terminated(self) -> None:
+        """Forget instances terminated longer ago than the retention: the KV entry first
+        (gateways drop the instance, its tags and user data when they see it go), then
+        the local row and directory. A failure leaves the row for the next round."""
+        cutoff = datetime.now(UTC).timestamp() - self.config.terminated_retention_seconds
+        for iid, rec in list(self._records.items()):
+            if rec.state != St.TERMINATED.value or _stamp(rec.updated_at) > cutoff:
+                continue
+            if self._kv is not None:
+                await self._kv.delete(iid)
+            self.state.delete(iid)
+            del self._records[iid]
+            shutil.rmtree(self._workdir(iid), ignore_errors=True)
+            log.info("node %s: forgot %s, terminated at %s", self.node_id, iid,
+                     rec.updated_at)
 
     async def _reply(self, msg: Msg, body: s.Msg) -> None:
         if msg.reply:
@@ -348,10 +379,11 @@ class NodeAgent:
         return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
                              instance=rec)
 
-    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _workdir(self, instance_id: str) -> Path:
         return self.config.data_dir / "instances" / instance_id
@@ -624,6 +656,13 @@ class NodeAgent:
                 launch_id=req.launch_id, ok=True, node_id=self.node_id,
                 instance=self._records[seen.record.instance_id]))
 
+
+
+def _stamp(iso: str) -> float:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0  # an unreadable stamp is old
 
 
 def _not_permitted(instance_id: str, verb: str, attribute: str) -> s.CommandReply:

@@ -143,6 +143,16 @@ def _default_node_id() -> str:
     help="Between SIGTERM and SIGKILL on stop/terminate. Env: ROOST_NODE_STOP_GRACE_SECONDS.",
 )
 @click.option(
+    "--terminated-retention-seconds",
+    envvar="ROOST_NODE_TERMINATED_RETENTION_SECONDS",
+    type=click.FloatRange(min=1),
+    default=3600.0,
+    show_default=True,
+    help="How long a terminated instance stays describable (EC2: about an hour); then "
+    "its record, user data and directory are removed. "
+    "Env: ROOST_NODE_TERMINATED_RETENTION_SECONDS.",
+)
+@click.option(
     "--log-level",
     envvar="ROOST_NODE_LOG_LEVEL",
     default="INFO",
@@ -167,6 +177,7 @@ def node(
     availability_zone: str,
     heartbeat_seconds: float,
     stop_grace_seconds: float,
+    terminated_retention_seconds: float,
     log_level: str,
 ) -> None:
     """Run a node agent: the authority on this host's capacity.
@@ -205,6 +216,7 @@ def node(
         availability_zone=availability_zone,
         heartbeat_seconds=heartbeat_seconds,
         stop_grace_seconds=stop_grace_seconds,
+        terminated_retention_seconds=terminated_retention_seconds,
     )
     asyncio.run(_run(config))
 
@@ -217,8 +229,15 @@ async def _run(config: NodeConfig) -> None:
     agent = NodeAgent(config)
     loop = asyncio.get_running_loop()
     await agent.start()
+    stopping: set[asyncio.Task[None]] = set()  # held, so the stop is not collected midway
+
+    def on_signal() -> None:
+        task = asyncio.ensure_future(agent.stop())
+        stopping.add(task)
+        task.add_done_callback(stopping.discard)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.stop()))
+        loop.add_signal_handler(sig, on_signal)
     note = agent.driver.isolation_note
     click.echo(
         f"node {config.node_id} ready: {len(agent.ledger.fitting_types())} types fit, "

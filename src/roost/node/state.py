@@ -50,6 +50,9 @@ class NodeState:
             (record.instance_id, record.launch_id, encode(record), user_data or ""),
         )
 
+    def delete(self, instance_id: str) -> None:
+        self._db.execute("DELETE FROM instances WHERE instance_id = ?", (instance_id,))
+
     def set_user_data(self, instance_id: str, user_data: str) -> None:
         self._db.execute("UPDATE instances SET user_data = ? WHERE instance_id = ?",
                          (user_data, instance_id))

@@ -1,0 +1,78 @@
+"""A node's state stays bounded: terminated instances are forgotten after the retention
+(record, KV entry, local row and directory), and no more messages are handled at once
+than the node allows."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats.js.errors
+import pytest
+
+from roost.bus import subjects
+from roost.bus.connect import key_value
+from roost.embedded import NatsServer
+from roost.node.agent import NodeAgent, NodeConfig
+from tests.nodes import client, command, host, launch, wait_state
+
+
+async def test_terminated_instances_are_forgotten_after_the_retention(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    cfg = NodeConfig(node_id="b1", nats_urls=[nats_server.url], data_dir=tmp_path / "b1",
+                     host=host("4vcpu,8GiB"), driver="process", heartbeat_seconds=0.1,
+                     stop_grace_seconds=1.0, terminated_retention_seconds=1.0)
+    agent = NodeAgent(cfg)
+    await agent.start()
+    try:
+        async with client(nats_server.url) as nc:
+            kv = await key_value(nc, subjects.INSTANCES_BUCKET)
+            gone = await launch(nc, "t3.micro", node_id="b1", user_data="echo bye")
+            kept = await launch(nc, "t3.micro", node_id="b1")
+            assert gone and gone.instance and kept and kept.instance
+            gid, kid = gone.instance.instance_id, kept.instance.instance_id
+            await wait_state(nc, "b1", kid, "running")
+            await command(nc, "b1", "terminate", gid)
+            await wait_state(nc, "b1", gid, "terminated")
+            assert (tmp_path / "b1" / "instances" / gid).is_dir()
+            for _ in range(60):  # retention 1 s, checked every 0.25 s
+                if gid not in agent._records:
+                    break
+                await asyncio.sleep(0.1)
+            assert gid not in agent._records and agent.state.get(gid) is None
+            assert not (tmp_path / "b1" / "instances" / gid).exists()
+            with pytest.raises(nats.js.errors.KeyNotFoundError):
+                await kv.get(gid)
+            missing = await command(nc, "b1", "describe", gid)
+            assert missing.error == "InvalidInstanceID.NotFound"
+            # a running instance is never expired, however old
+            assert (await command(nc, "b1", "describe", kid)).instance.state == "running"
+            await command(nc, "b1", "terminate", kid)
+            await wait_state(nc, "b1", kid, "terminated")
+    finally:
+        await agent.stop()
+
+
+async def test_messages_in_flight_are_bounded(nats_server: NatsServer, tmp_path: Path) -> None:
+    cfg = NodeConfig(node_id="b2", nats_urls=[nats_server.url], data_dir=tmp_path / "b2",
+                     host=host("64vcpu,256GiB"), driver="sim", max_inflight=4)
+    agent = NodeAgent(cfg)
+    seen = 0
+    original = agent._launch
+
+    async def slow_launch(req):  # type: ignore[no-untyped-def]
+        nonlocal seen
+        seen = max(seen, 4 - agent._slots._value)
+        await asyncio.sleep(0.05)
+        return await original(req)
+
+    agent._launch = slow_launch  # type: ignore[method-assign]
+    await agent.start()
+    try:
+        async with client(nats_server.url) as nc:
+            replies = await asyncio.gather(*(launch(nc, "t3.nano", node_id="b2", timeout=10)
+                                             for _ in range(24)))
+        assert all(r and r.ok for r in replies)
+        assert seen == 4  # four at once, never more
+    finally:
+        await agent.stop()
