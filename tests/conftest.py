@@ -19,30 +19,34 @@ from roost.embedded import NatsCluster, NatsServer, PostgresServer
 from roost.node.cgroups import CgroupError, detect
 
 
-def _instance_groups() -> set[tuple[str, str]]:
-    """(node id, instance id) of every instance cgroup roost has on this host."""
+def _roost_groups() -> tuple[set[str], set[tuple[str, str]]]:
+    """The node roots, and (node id, instance id) of every instance cgroup, that roost has
+    on this host."""
     try:
         probe = detect("probe")
     except CgroupError:
-        return set()
+        return set(), set()
+    nodes: set[str] = set()
     found: set[tuple[str, str]] = set()
     for h in probe.hierarchies:
         roost_dir = h.node_dir.parent
         for node_dir in (roost_dir.iterdir() if roost_dir.is_dir() else ()):
             if node_dir.is_dir() and not node_dir.name.startswith("roost-probe"):
+                nodes.add(node_dir.name)
                 found |= {(node_dir.name, d.name) for d in node_dir.iterdir() if d.is_dir()}
-    return found
+    return nodes, found
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_instance_outlives_the_session() -> Iterator[None]:
     """Tests stop what they start; this is the net under them. Instances that a test left
     running (a node stopped while they ran, a failed test) are killed through their
-    cgroups at the end of the session, and their groups removed."""
-    before = _instance_groups()
+    cgroups at the end of the session, and their groups and node roots removed."""
+    nodes_before, before = _roost_groups()
     yield
-    left = _instance_groups() - before
-    for node_id in sorted({n for n, _ in left}):
+    nodes_after, after = _roost_groups()
+    left = after - before
+    for node_id in sorted(nodes_after - nodes_before | {n for n, _ in left}):
         groups = detect(node_id)
         for _, iid in sorted(g for g in left if g[0] == node_id):
             group = groups.open(iid)

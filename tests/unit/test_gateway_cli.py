@@ -107,6 +107,13 @@ def test_status_table_shows_isolation_and_why_it_is_lower() -> None:
     assert table.caption == "(!) n1: cgroups unavailable (EACCES)"
 
 
+def test_banner_names_the_isolation_level(tmp_path: Path) -> None:
+    spec = ClusterSpec(data_dir=tmp_path, credentials={"AKIAX": "s"})
+    text = banner(spec, endpoint="http://127.0.0.1:8773", nats_url="nats://x", key="AKIAX",
+                  secret="s", isolation="cgroup")
+    assert "3 nodes (process driver, 8vcpu,32GiB each, isolation cgroup)" in text
+
+
 def test_status_reports_an_unreachable_gateway() -> None:
     out = CliRunner().invoke(status, ["--endpoint", "http://127.0.0.1:9"])
     assert out.exit_code == 1 and "cannot reach" in out.output

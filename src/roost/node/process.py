@@ -229,6 +229,14 @@ class ProcessDriver:
             task.cancel()
         await asyncio.gather(*self._watchers.values(), return_exceptions=True)
         self._watchers.clear()
+        groups = self._iso.cgroups
+        if groups is not None and not groups.instance_ids():
+            # Nothing of this node's left running: leave no empty node group behind.
+            # (With instances still running, the root stays for the next agent.)
+            try:
+                groups.remove_root()
+            except CgroupError as exc:
+                log.warning("could not remove this node's cgroup root: %s", exc)
 
 
 _PRIVATE = ("AWS_", "ROOST_")

@@ -17,6 +17,7 @@ from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 from roost.domain.resources import parse_quantity
 from roost.embedded.proc import free_port, port_open
+from roost.node.isolation import LEVELS, Level
 from roost.up.cluster import (
     ClusterSpec,
     ControllerComponent,
@@ -54,12 +55,12 @@ def _port(wanted: int | None, default: int) -> int:
 
 
 def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str,
-           controller_url: str = "", dsn: str = "") -> str:
+           controller_url: str = "", dsn: str = "", isolation: str = "") -> str:
     creds = (f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
              if spec.auth else "AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x ")
     lines = [
-        f"roost is up: {spec.nodes} nodes ({spec.driver} driver, {spec.node_capacity} each), "
-        f"policy {spec.policy}",
+        f"roost is up: {spec.nodes} nodes ({spec.driver} driver, {spec.node_capacity} each"
+        + (f", isolation {isolation}" if isolation else "") + f"), policy {spec.policy}",
         "",
         f"  EC2 endpoint   {endpoint}",
         f"  NATS           {nats_url}",
@@ -143,6 +144,10 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
 @click.option("--driver", type=click.Choice(["process", "sim"]), default="process",
               show_default=True,
               help="process: user data runs as a child process; sim: nothing runs.")
+@click.option("--isolation", type=click.Choice(list(LEVELS)), default="cgroup",
+              show_default=True,
+              help="process driver: how instances are held to their type (see `roost node "
+                   "--help`); a host that can't runs at the level it can and says so.")
 @click.option("--node-capacity", default="8vcpu,32GiB", show_default=True, metavar="CPU,MEM",
               help="What each node offers to instances, e.g. '8vcpu,32GiB'.")
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
@@ -166,9 +171,9 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
 @click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port: int | None,
-       host: str, region: str, policy: str, data_dir: Path, no_controller: bool,
-       controller_port: int | None, postgres_port: int | None, no_auth: bool,
+def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int | None,
+       nats_port: int | None, host: str, region: str, policy: str, data_dir: Path,
+       no_controller: bool, controller_port: int | None, postgres_port: int | None, no_auth: bool,
        log_level: str) -> None:
     """Run NATS, Postgres, the EC2 gateway, local nodes and the capacity controller in one
     process, until Ctrl-C.
@@ -186,8 +191,8 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
     data_dir = data_dir.absolute()
     key, secret = load_or_make_credentials(data_dir)
     spec = ClusterSpec(
-        data_dir=data_dir, nodes=nodes, driver=driver, node_capacity=node_capacity,
-        nats_port=_port(nats_port, DEFAULT_NATS_PORT), host=host,
+        data_dir=data_dir, nodes=nodes, driver=driver, isolation=isolation,
+        node_capacity=node_capacity, nats_port=_port(nats_port, DEFAULT_NATS_PORT), host=host,
         port=_port(port, DEFAULT_PORT), region=region, policy=policy, auth=not no_auth,
         credentials={key: secret}, controller=not no_controller,
         postgres_port=None if no_controller else _port(postgres_port, DEFAULT_POSTGRES_PORT),
@@ -212,8 +217,11 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
         os.chmod(env_file, 0o600)
         nats = cluster.get(NatsComponent)
         assert isinstance(nats, NatsComponent)
+        levels = sorted({f"{a.driver.isolation}" + (f" ({a.driver.isolation_note})"
+                                                     if a.driver.isolation_note else "")
+                         for a in cluster.nodes}) if spec.driver == "process" else []
         text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
-                      controller_url=controller_url, dsn=dsn)
+                      controller_url=controller_url, dsn=dsn, isolation=", ".join(levels))
         return f"{text}\n(or: source {env_file})"
 
     try:

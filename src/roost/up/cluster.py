@@ -30,6 +30,7 @@ from roost.embedded import NatsServer, PostgresServer
 from roost.embedded.proc import port_open, wait_until
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.node.agent import NodeAgent, NodeConfig
+from roost.node.isolation import Level
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ class ClusterSpec:
     data_dir: Path
     nodes: int = 3
     driver: str = "process"
+    isolation: Level = "cgroup"
     node_capacity: str = "8vcpu,32GiB"
     node_reserve: str = "0vcpu,0MiB"
     availability_zone: str = "roost-1a"
@@ -271,7 +273,8 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         NodeConfig(
             node_id=f"node-{i + 1}", nats_urls=[nats.url],
             data_dir=spec.data_dir / "nodes" / f"node-{i + 1}", host=spec.node_host(),
-            driver=spec.driver, availability_zone=spec.availability_zone,
+            driver=spec.driver, isolation=spec.isolation,
+            availability_zone=spec.availability_zone,
             heartbeat_seconds=spec.heartbeat_seconds,
         )
         for i in range(spec.nodes)
