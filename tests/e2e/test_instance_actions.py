@@ -276,3 +276,10 @@ def test_the_aws_cli_reads_the_console_and_reboots(pcluster: ThreadedCluster,
     on = aws_cli(pcluster, "ec2", "describe-instance-attribute", "--instance-id", iid,
                  "--attribute", "disableApiTermination")
     assert on["DisableApiTermination"]["Value"] is True
+
+    done = aws_cli(pcluster, "ec2", "run-instances", "--image-id", IMAGE, "--instance-type",
+                   "t3.micro", "--user-data", "exit 0",
+                   "--instance-initiated-shutdown-behavior", "terminate")
+    ended = done["Instances"][0]["InstanceId"]
+    final = wait_state(ec2, ended, "terminated", timeout=20)
+    assert final["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"

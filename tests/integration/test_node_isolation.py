@@ -4,8 +4,10 @@ isolation none and says so in every snapshot."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
 from roost.domain.catalog import BUILTIN
@@ -89,5 +91,38 @@ async def test_a_host_without_cgroups_runs_at_none_and_says_so(
     try:
         snap = agent.snapshot()
         assert snap.isolation == "none" and "no cgroup mounts" in snap.isolation_note
+    finally:
+        await agent.stop()
+
+
+async def test_usage_metrics_per_instance(nats_server: NatsServer, tmp_path: Path) -> None:
+    cfg = NodeConfig(node_id="iso3", nats_urls=[nats_server.url], data_dir=tmp_path / "iso3",
+                     host=host("4vcpu,8GiB"), driver="process", metrics_port=0,
+                     stop_grace_seconds=1.0)
+    agent = NodeAgent(cfg)
+    await agent.start()
+    try:
+        if agent.driver.isolation == "none":
+            pytest.fail(f"this test needs cgroups: {agent.driver.isolation_note}")
+        async with client(nats_server.url) as nc:
+            spin = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; exec sleep 600"
+            reply = await launch(nc, "t3.micro", node_id="iso3", user_data=spin)
+            assert reply and reply.instance
+            iid = reply.instance.instance_id
+            await wait_state(nc, "iso3", iid, "running")
+            await asyncio.sleep(0.5)
+            assert agent.metrics_server is not None
+            url = f"http://127.0.0.1:{agent.metrics_server.server_port}/metrics"
+            async with httpx.AsyncClient() as http:
+                text = (await http.get(url, timeout=5)).text
+            labels = f'instance_id="{iid}",instance_type="t3.micro",node="iso3"'
+            cpu = next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(f"roost_instance_cpu_seconds_total{{{labels}}}"))
+            assert cpu > 0
+            assert f"roost_instance_memory_peak_bytes{{{labels}}}" in text
+            assert f"roost_instance_oom_kills_total{{{labels}}} 0.0" in text
+            assert 'roost_node_isolation_info{level="cgroup",node="iso3"} 1.0' in text
+            await command(nc, "iso3", "terminate", iid)
+            await wait_state(nc, "iso3", iid, "terminated")
     finally:
         await agent.stop()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import msgspec
 from nats.aio.client import Client
@@ -114,6 +115,7 @@ class NodeAgent:
         self._subs: TypeSubscriptions | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._imds: NodeMetadata | None = None
+        self.metrics_server: WSGIServer | None = None
         self.instance_env: dict[str, str] = {}
         """Environment every instance's program gets from this node (where its metadata
         service is), set before `start`."""
@@ -128,9 +130,9 @@ class NodeAgent:
             await self._imds.start()
             self.instance_env[ENDPOINT_ENV] = self._imds.endpoint
         if self.config.metrics_port is not None:
-            serve_metrics(InstanceUsageCollector(lambda: self._records, self.driver,
-                                                 self.node_id),
-                          port=self.config.metrics_port)
+            self.metrics_server = serve_metrics(
+                InstanceUsageCollector(lambda: self._records, self.driver, self.node_id),
+                port=self.config.metrics_port)
         await self._readopt()
         self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
@@ -194,6 +196,9 @@ class NodeAgent:
         await self.driver.close()
         if self._imds is not None:
             await self._imds.stop()
+        if self.metrics_server is not None:
+            await asyncio.to_thread(self.metrics_server.shutdown)  # waits out one poll
+            self.metrics_server.server_close()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.drain()
         self.state.close()

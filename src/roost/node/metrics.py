@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -55,10 +56,12 @@ class InstanceUsageCollector(Collector):
 
 
 def serve_metrics(collector: InstanceUsageCollector, *, port: int,
-                  host: str = "127.0.0.1") -> None:
+                  host: str = "127.0.0.1") -> WSGIServer:
     """Serve /metrics on ``host:port`` from a daemon thread (prometheus-client's own
-    server: a scrape must not wait on the agent's event loop)."""
+    server: a scrape must not wait on the agent's event loop). The caller shuts the
+    returned server down."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
-    start_http_server(port, addr=host, registry=registry)
-    log.info("node metrics on http://%s:%d/metrics", host, port)
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    log.info("node metrics on http://%s:%d/metrics", host, server.server_port)
+    return server
