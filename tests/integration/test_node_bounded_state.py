@@ -76,3 +76,33 @@ async def test_messages_in_flight_are_bounded(nats_server: NatsServer, tmp_path:
         assert seen == 4  # four at once, never more
     finally:
         await agent.stop()
+
+
+async def test_a_failed_kv_put_is_published_again_and_the_launch_stands(
+        nats_server: NatsServer, tmp_path: Path) -> None:
+    """SQLite is the node's truth; the bucket is an outbox it catches up with. A launch
+    made while the bucket refuses writes still answers ok, keeps running, and its record
+    lands in the bucket once writes work again."""
+    cfg = NodeConfig(node_id="b3", nats_urls=[nats_server.url], data_dir=tmp_path / "b3",
+                     host=host("4vcpu,8GiB"), driver="sim", heartbeat_seconds=0.1)
+    agent = NodeAgent(cfg)
+    await agent.start()
+    try:
+        async with client(nats_server.url) as nc:
+            js = nc.jetstream()
+            await js.delete_key_value(subjects.INSTANCES_BUCKET)  # every put now fails
+            reply = await launch(nc, "t3.micro", node_id="b3")
+            assert reply and reply.ok and reply.instance
+            iid = reply.instance.instance_id
+            await wait_state(nc, "b3", iid, "running")
+            assert iid in agent._unpublished and set(agent.ledger.allocations) == {iid}
+
+            kv = await key_value(nc, subjects.INSTANCES_BUCKET)  # writes work again
+            for _ in range(50):
+                if not agent._unpublished:
+                    break
+                await asyncio.sleep(0.1)
+            entry = await kv.get(iid)
+            assert b'"state":"running"' in (entry.value or b"")
+    finally:
+        await agent.stop()

@@ -110,6 +110,7 @@ class NodeAgent:
         self._inflight: dict[str, asyncio.Future[s.LaunchReply]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(config.max_inflight)
+        self._unpublished: set[str] = set()  # records whose last KV put failed
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
         self._subs: TypeSubscriptions | None = None
@@ -137,7 +138,7 @@ class NodeAgent:
         self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
         for rec in self._records.values():
-            await self._kv.put(rec.instance_id, s.encode(rec))
+            await self._publish(rec.instance_id)
         nc = self._nc
         await nc.subscribe(subjects.node_launch(self.node_id), cb=self._spawn(self._on_launch))
         await nc.subscribe(subjects.node_command(self.node_id), cb=self._spawn(self._on_command))
@@ -248,8 +249,8 @@ class NodeAgent:
                               instance_id)
             if self._records[instance_id] is not rec:
                 return rec  # a later move overtook this one and announces itself
-        if announce and self._kv is not None:
-            await self._kv.put(instance_id, s.encode(rec))
+        if announce:
+            await self._publish(instance_id)
         return rec
 
     async def _changed(self) -> None:
@@ -286,12 +287,32 @@ class NodeAgent:
                 # Subscriptions too, not only the snapshot: a sync that failed after a
                 # release (see `_move`) is mended here. Nothing changed costs no I/O.
                 await self._changed()
+                for iid in list(self._unpublished):
+                    await self._publish(iid)
                 if time.monotonic() >= next_expiry:
                     next_expiry = time.monotonic() + min(
                         60.0, self.config.terminated_retention_seconds / 4)
                     await self._expire_terminated()
             except Exception:  # a NATS hiccup must not end the heartbeat for good
                 log.exception("node %s: heartbeat failed", self.node_id)
+
+    async def _publish(self, instance_id: str) -> None:
+        """Put the instance's record in the KV bucket, as it is now. SQLite is the
+        node's truth and is always written first; a put that fails (NATS down, a
+        timeout) is not the caller's failure: the record is kept for the heartbeat to
+        put again until it lands, so gateways converge without the node losing a step."""
+        rec = self._records.get(instance_id)
+        if rec is None or self._kv is None:
+            return
+        try:
+            await self._kv.put(instance_id, s.encode(rec))
+        except Exception as exc:  # any bus failure: the outbox below retries it
+            if instance_id not in self._unpublished:
+                log.warning("node %s: publishing %s failed (%r); will retry", self.node_id,
+                            instance_id, exc)
+            self._unpublished.add(instance_id)
+            return
+        self._unpublished.discard(instance_id)
 
     async def _expire_terminated(self) -> None:
         """Forget instances terminated longer ago than the retention: the KV entry first
@@ -377,8 +398,7 @@ class NodeAgent:
         )
         self._records[instance_id] = rec
         self.state.put(rec, user_data=req.user_data)
-        assert self._kv is not None
-        await self._kv.put(instance_id, s.encode(rec))
+        await self._publish(instance_id)
         await self._changed()
         self._boot_soon(instance_id, req.user_data)
         return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
@@ -623,8 +643,7 @@ class NodeAgent:
                                       **changes)
         self._records[instance_id] = rec
         self.state.put(rec)
-        if self._kv is not None:
-            await self._kv.put(instance_id, s.encode(rec))
+        await self._publish(instance_id)
         return rec
 
     # --- control and fan-out ----------------------------------------------------------
