@@ -106,3 +106,25 @@ async def test_a_failed_kv_put_is_published_again_and_the_launch_stands(
             assert b'"state":"running"' in (entry.value or b"")
     finally:
         await agent.stop()
+
+
+async def test_node_state_is_private(nats_server: NatsServer, tmp_path: Path) -> None:
+    cfg = NodeConfig(node_id="b4", nats_urls=[nats_server.url], data_dir=tmp_path / "b4",
+                     host=host("4vcpu,8GiB"), driver="process")
+    agent = NodeAgent(cfg)
+    await agent.start()
+    try:
+        async with client(nats_server.url) as nc:
+            reply = await launch(nc, "t3.micro", node_id="b4", user_data="exec sleep 60")
+            assert reply and reply.instance
+            iid = reply.instance.instance_id
+            await wait_state(nc, "b4", iid, "running")
+            data = tmp_path / "b4"
+            assert data.stat().st_mode & 0o777 == 0o700
+            assert (data / "node.sqlite3").stat().st_mode & 0o777 == 0o600
+            assert (data / "imds-secret").stat().st_mode & 0o777 == 0o600
+            assert (data / "instances" / iid).stat().st_mode & 0o777 == 0o700
+            await command(nc, "b4", "terminate", iid)
+            await wait_state(nc, "b4", iid, "terminated")
+    finally:
+        await agent.stop()

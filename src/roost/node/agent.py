@@ -32,7 +32,7 @@ from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.host import HostCapacity
 from roost.domain.images import IMAGES
 from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
-from roost.node.console import console_tail
+from roost.node.console import console_tail, trim_console
 from roost.node.drivers import DriverError, Exit, InstanceDriver, SimDriver, StartSpec
 from roost.node.isolation import Level, make_isolation
 from roost.node.ledger import Ledger
@@ -293,6 +293,7 @@ class NodeAgent:
                     next_expiry = time.monotonic() + min(
                         60.0, self.config.terminated_retention_seconds / 4)
                     await self._expire_terminated()
+                    self._trim_consoles()
             except Exception:  # a NATS hiccup must not end the heartbeat for good
                 log.exception("node %s: heartbeat failed", self.node_id)
 
@@ -313,6 +314,13 @@ class NodeAgent:
             self._unpublished.add(instance_id)
             return
         self._unpublished.discard(instance_id)
+
+    def _trim_consoles(self) -> None:
+        for iid, rec in list(self._records.items()):
+            if St(rec.state).holds_capacity and trim_console(
+                    self._workdir(iid) / "console.log"):
+                log.info("node %s: console of %s cut back to its last 64 KiB",
+                         self.node_id, iid)
 
     async def _expire_terminated(self) -> None:
         """Forget instances terminated longer ago than the retention: the KV entry first

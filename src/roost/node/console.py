@@ -24,3 +24,26 @@ def console_tail(path: Path, limit: int = CONSOLE_TAIL_BYTES) -> str:
     except FileNotFoundError:
         return ""
     return base64.b64encode(data).decode("ascii")
+
+
+CONSOLE_MAX_BYTES = 1024 * 1024
+
+
+def trim_console(path: Path, *, keep: int = CONSOLE_TAIL_BYTES,
+                 limit: int = CONSOLE_MAX_BYTES) -> bool:
+    """Cut ``path`` back to its last ``keep`` bytes once it passes ``limit``, so a chatty
+    instance cannot fill the node's disk. The instance keeps writing through its own
+    O_APPEND descriptor, which lands at the new end; what it writes during the cut
+    itself may be lost, which a console can afford. True if it was cut."""
+    try:
+        if path.stat().st_size <= limit:
+            return False
+        with path.open("r+b") as f:
+            f.seek(-keep, os.SEEK_END)
+            tail = f.read()
+            f.seek(0)
+            f.write(tail)
+            f.truncate()
+    except FileNotFoundError:
+        return False
+    return True

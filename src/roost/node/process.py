@@ -70,6 +70,7 @@ class ProcessDriver:
 
     def _command(self, spec: StartSpec) -> list[str]:
         spec.workdir.mkdir(parents=True, exist_ok=True)
+        spec.workdir.chmod(0o700)
         script = spec.workdir / "user-data"
         script.write_text(spec.user_data or _IDLE)
         script.chmod(0o700)

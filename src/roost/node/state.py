@@ -36,6 +36,11 @@ class Stored:
 class NodeState:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # User data may hold what its owner considers secret: the node's state is its
+        # own (0700 directory, 0600 database; SQLite gives its WAL files the same mode).
+        path.parent.chmod(0o700)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
         self._db = sqlite3.connect(path, isolation_level=None)
         # WAL with synchronous=NORMAL survives a process crash (kill -9), which is the
         # failure this state exists for; only an OS crash can lose the last commits.

@@ -1,0 +1,29 @@
+"""The console tail EC2 shows, and the cut that keeps a chatty instance's log bounded."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from roost.node.console import console_tail, trim_console
+
+
+def test_tail_is_the_last_bytes_base64(tmp_path: Path) -> None:
+    log = tmp_path / "console.log"
+    assert console_tail(log) == ""
+    log.write_bytes(b"a" * 100 + b"end")
+    assert base64.b64decode(console_tail(log, limit=3)) == b"end"
+    assert base64.b64decode(console_tail(log)) == b"a" * 100 + b"end"
+
+
+def test_trim_keeps_the_tail_once_past_the_limit(tmp_path: Path) -> None:
+    log = tmp_path / "console.log"
+    log.write_bytes(b"x" * 900)
+    assert not trim_console(log, keep=100, limit=1000)
+    with log.open("ab", buffering=0) as f:  # the instance's own append-mode descriptor
+        f.write(b"y" * 200)
+        assert trim_console(log, keep=100, limit=1000)
+        assert log.read_bytes() == b"y" * 100
+        f.write(b"z")
+    assert log.read_bytes() == b"y" * 100 + b"z"
+    assert not trim_console(tmp_path / "missing.log")
