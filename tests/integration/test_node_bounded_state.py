@@ -57,14 +57,18 @@ async def test_messages_in_flight_are_bounded(nats_server: NatsServer, tmp_path:
     cfg = NodeConfig(node_id="b2", nats_urls=[nats_server.url], data_dir=tmp_path / "b2",
                      host=host("64vcpu,256GiB"), driver="sim", max_inflight=4)
     agent = NodeAgent(cfg)
-    seen = 0
+    running = seen = 0
     original = agent._launch
 
     async def slow_launch(req):  # type: ignore[no-untyped-def]
-        nonlocal seen
-        seen = max(seen, 4 - agent._slots._value)
-        await asyncio.sleep(0.05)
-        return await original(req)
+        nonlocal running, seen
+        running += 1
+        seen = max(seen, running)
+        try:
+            await asyncio.sleep(0.05)
+            return await original(req)
+        finally:
+            running -= 1
 
     agent._launch = slow_launch  # type: ignore[method-assign]
     await agent.start()

@@ -34,6 +34,7 @@ from roost.domain.images import IMAGES
 from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
 from roost.node.console import console_tail, trim_console
 from roost.node.drivers import DriverError, Exit, InstanceDriver, SimDriver, StartSpec
+from roost.node.handlers import BusHandlers
 from roost.node.isolation import Level, make_isolation
 from roost.node.ledger import Ledger
 from roost.node.metadata import ENDPOINT_ENV, NodeMetadata
@@ -109,7 +110,6 @@ class NodeAgent:
         self._seq = 0
         self._inflight: dict[str, asyncio.Future[s.LaunchReply]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(config.max_inflight)
         self._unpublished: set[str] = set()  # records whose last KV put failed
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
@@ -139,13 +139,7 @@ class NodeAgent:
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
         for rec in self._records.values():
             await self._publish(rec.instance_id)
-        nc = self._nc
-        await nc.subscribe(subjects.node_launch(self.node_id), cb=self._spawn(self._on_launch))
-        await nc.subscribe(subjects.node_command(self.node_id), cb=self._spawn(self._on_command))
-        await nc.subscribe(subjects.node_drain(self.node_id), cb=self._spawn(self._on_drain))
-        await nc.subscribe(subjects.DESCRIBE_INSTANCE_TYPES, cb=self._on_describe_types)
-        await nc.subscribe(subjects.LAUNCH_LOOKUP, cb=self._on_lookup)
-        self._subs = TypeSubscriptions(nc, self._spawn(self._on_launch))
+        self._subs = await BusHandlers(self).subscribe(self._nc)
         await self._changed()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         log.info("node %s up: %d instances adopted, %d types fit", self.node_id,
@@ -210,18 +204,6 @@ class NodeAgent:
         return self._imds.endpoint if self._imds is not None else ""
 
     # --- helpers ----------------------------------------------------------------------
-
-    def _spawn(self, handler: Callable[[Msg], Coroutine[Any, Any, None]]) -> Handler:
-        """A callback that handles each message in its own task, so one slow launch
-        never holds up the subscription, and a subscription drain never waits on the
-        handler that triggered it."""
-
-        async def cb(msg: Msg) -> None:
-            await self._slots.acquire()
-            task = self._track(handler(msg))
-            task.add_done_callback(lambda _: self._slots.release())
-
-        return cb
 
     async def _move(
         self, instance_id: str, target: InstanceState, *, reason: str = "", note: str = "",
@@ -338,19 +320,11 @@ class NodeAgent:
             log.info("node %s: forgot %s, terminated at %s", self.node_id, iid,
                      rec.updated_at)
 
-    async def _reply(self, msg: Msg, body: s.Msg) -> None:
-        if msg.reply:
-            await msg.respond(s.encode(body))
-
     # --- launches ---------------------------------------------------------------------
 
-    async def _on_launch(self, msg: Msg) -> None:
-        try:
-            req = s.decode(msg.data, s.LaunchRequest)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            await self._reply(msg, s.LaunchReply(launch_id="", ok=False, node_id=self.node_id,
-                                                 error="bad_request", message=str(exc)))
-            return
+    async def launch(self, req: s.LaunchRequest) -> s.LaunchReply:
+        """Launch one instance. Concurrent duplicates of a launch id wait for the first
+        and get its answer; a launch id this node has made returns that instance."""
         pending = self._inflight.get(req.launch_id)
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
@@ -364,7 +338,7 @@ class NodeAgent:
                                                  message=str(exc)))
             finally:
                 del self._inflight[req.launch_id]
-        await self._reply(msg, await asyncio.shield(pending))
+        return await asyncio.shield(pending)
 
     async def _launch(self, req: s.LaunchRequest) -> s.LaunchReply:
         def refuse(error: s.LaunchError, message: str) -> s.LaunchReply:
@@ -480,27 +454,6 @@ class NodeAgent:
         await self._move(instance_id, St.STOPPED, reason=reason, note=note, exit_code=ended.code)
 
     # --- lifecycle commands -------------------------------------------------------------
-
-    async def _on_command(self, msg: Msg) -> None:
-        try:
-            cmd = s.decode(msg.data, s.InstanceCommand)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-            await self._reply(msg, s.CommandReply(ok=False, error="InvalidParameterValue",
-                                                  message=str(exc)))
-            return
-        rec = self._records.get(cmd.instance_id)
-        if rec is None:
-            reply = s.CommandReply(ok=False, error="InvalidInstanceID.NotFound",
-                                   message=f"instance {cmd.instance_id} is not on {self.node_id}")
-        else:
-            try:
-                reply = await self.command(cmd)
-            except Exception as exc:  # answer, so the gateway never waits out a timeout
-                log.exception("node %s: %s of %s failed", self.node_id, cmd.op,
-                              cmd.instance_id)
-                reply = s.CommandReply(ok=False, error="InternalError",
-                                       message=f"node {self.node_id}: {cmd.op} failed: {exc}")
-        await self._reply(msg, reply)
 
     async def command(self, cmd: s.InstanceCommand) -> s.CommandReply:
         """Apply one lifecycle command. Stop, terminate and reboot answer at once (with
@@ -654,20 +607,9 @@ class NodeAgent:
         await self._publish(instance_id)
         return rec
 
-    # --- control and fan-out ----------------------------------------------------------
+    # --- fan-out ----------------------------------------------------------------------
 
-    async def _on_drain(self, msg: Msg) -> None:
-        try:
-            req = s.decode(msg.data, s.DrainRequest) if msg.data else s.DrainRequest()
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-            req = s.DrainRequest()
-        await self.drain()
-        await self._reply(msg, s.DrainReply(node_id=self.node_id, draining=True,
-                                            instances=len(self.ledger.allocations)))
-        if req.shutdown:
-            self._track(self.stop())
-
-    async def _on_describe_types(self, msg: Msg) -> None:
+    def describe_types(self) -> s.DescribeTypesReply:
         counts = {} if self.draining else self.ledger.fit_counts()
         types = [
             s.TypeInfo(name=t.name, cpu_milli=t.cpu_milli, mem_mib=t.mem_mib,
@@ -675,19 +617,21 @@ class NodeAgent:
                        free=counts.get(t.name, 0))
             for t in self.config.catalog.values()
         ]
-        await self._reply(msg, s.DescribeTypesReply(node_id=self.node_id, types=types))
+        return s.DescribeTypesReply(node_id=self.node_id, types=types)
 
-    async def _on_lookup(self, msg: Msg) -> None:
-        try:
-            req = s.decode(msg.data, s.LaunchLookup)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-            return
-        seen = self.state.by_launch(req.launch_id)
-        if seen is not None:
-            await self._reply(msg, s.LaunchReply(
-                launch_id=req.launch_id, ok=True, node_id=self.node_id,
-                instance=self._records[seen.record.instance_id]))
+    def lookup(self, launch_id: str) -> s.LaunchReply | None:
+        """The launch this node made under ``launch_id``, if any."""
+        seen = self.state.by_launch(launch_id)
+        if seen is None:
+            return None
+        return s.LaunchReply(launch_id=launch_id, ok=True, node_id=self.node_id,
+                             instance=self._records[seen.record.instance_id])
 
+    def track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return self._track(coro)
+
+    def holds(self, instance_id: str) -> bool:
+        return instance_id in self._records
 
 
 def _stamp(iso: str) -> float:
