@@ -4,6 +4,7 @@ happens to be running on the machine. Each fixture stops what it started by pid.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import tempfile
@@ -16,39 +17,39 @@ import asyncpg
 import pytest
 
 from roost.embedded import NatsCluster, NatsServer, PostgresServer
-from roost.node.cgroups import CgroupError, detect
+from roost.node.cgroups import ROOT_ENV, CgroupError, detect
+
+# Every node this test session starts keeps its cgroups under a root of the session's
+# own, so that two runs on one host (a developer's and CI's, say) never touch each
+# other's instances, and the net below can clear exactly what this session made.
+os.environ[ROOT_ENV] = f"roost-test-{os.getpid()}"
 
 
-def _roost_groups() -> tuple[set[str], set[tuple[str, str]]]:
-    """The node roots, and (node id, instance id) of every instance cgroup, that roost has
-    on this host."""
+def _session_groups() -> dict[str, set[str]]:
+    """Node id -> the instance groups it has, under this session's root."""
     try:
         probe = detect("probe")
     except CgroupError:
-        return set(), set()
-    nodes: set[str] = set()
-    found: set[tuple[str, str]] = set()
+        return {}
+    found: dict[str, set[str]] = {}
     for h in probe.hierarchies:
-        roost_dir = h.node_dir.parent
-        for node_dir in (roost_dir.iterdir() if roost_dir.is_dir() else ()):
+        root = h.node_dir.parent
+        for node_dir in (root.iterdir() if root.is_dir() else ()):
             if node_dir.is_dir() and not node_dir.name.startswith("roost-probe"):
-                nodes.add(node_dir.name)
-                found |= {(node_dir.name, d.name) for d in node_dir.iterdir() if d.is_dir()}
-    return nodes, found
+                found.setdefault(node_dir.name, set()).update(
+                    d.name for d in node_dir.iterdir() if d.is_dir())
+    return found
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_instance_outlives_the_session() -> Iterator[None]:
     """Tests stop what they start; this is the net under them. Instances that a test left
     running (a node stopped while they ran, a failed test) are killed through their
-    cgroups at the end of the session, and their groups and node roots removed."""
-    nodes_before, before = _roost_groups()
+    cgroups at the end of the session, and the session's groups and root removed."""
     yield
-    nodes_after, after = _roost_groups()
-    left = after - before
-    for node_id in sorted(nodes_after - nodes_before | {n for n, _ in left}):
+    for node_id, instances in sorted(_session_groups().items()):
         groups = detect(node_id)
-        for _, iid in sorted(g for g in left if g[0] == node_id):
+        for iid in sorted(instances):
             group = groups.open(iid)
             if group is None:
                 continue

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from roost.node.cgroups import CgroupError, Cgroups, CgroupUnavailable, InstanceCgroup, Limits
+from roost.node.cgroups import (
+    CgroupError,
+    Cgroups,
+    CgroupUnavailable,
+    InstanceCgroup,
+    Limits,
+    root_name,
+)
 from roost.node.cgroups import detect as detect_cgroups
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
@@ -212,7 +219,7 @@ def test_v1_detached_daemon_dies_with_the_group(v1: Cgroups, tmp_path: Path) -> 
 def test_v2_membership_freeze_and_kill(v2: Cgroups) -> None:
     group = v2.create("i-v2", Limits(1000, 64, 32))
     assert group.version == 2 and v2.instance_ids() == ["i-v2"]
-    assert group.procs_files() == [UNIFIED / "roost" / v2.node_id / "i-v2" / "cgroup.procs"]
+    assert group.procs_files() == [UNIFIED / root_name() / v2.node_id / "i-v2" / "cgroup.procs"]
     first = run_in(group, ["sleep", "30"])
     second = run_in(group, ["sleep", "30"])
     try:

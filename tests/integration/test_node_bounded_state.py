@@ -46,7 +46,8 @@ async def test_terminated_instances_are_forgotten_after_the_retention(
             missing = await command(nc, "b1", "describe", gid)
             assert missing.error == "InvalidInstanceID.NotFound"
             # a running instance is never expired, however old
-            assert (await command(nc, "b1", "describe", kid)).instance.state == "running"
+            kept_now = (await command(nc, "b1", "describe", kid)).instance
+            assert kept_now.state == "running", kept_now
             await command(nc, "b1", "terminate", kid)
             await wait_state(nc, "b1", kid, "terminated")
     finally:

@@ -61,6 +61,13 @@ V2_FILES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def default_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These trees are laid out with roost's default root directory name; the test
+    session itself runs its nodes under a root of its own (tests/conftest.py)."""
+    monkeypatch.setenv("ROOST_CGROUP_ROOT", "roost")
+
+
 def kernel_dir(d: Path, files: dict[str, str]) -> Path:
     """What the kernel's mkdir would make: the directory with its control files."""
     d.mkdir(parents=True, exist_ok=True)

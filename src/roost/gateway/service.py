@@ -22,6 +22,7 @@ from roost.bus.schemas import (
     LaunchRequest,
 )
 from roost.domain.catalog import InstanceType
+from roost.domain.commands import Protection, refusal
 from roost.domain.errors import (
     DryRunOperation,
     IncorrectInstanceState,
@@ -34,6 +35,7 @@ from roost.domain.errors import (
     ServiceUnavailable,
 )
 from roost.domain.images import IMAGES
+from roost.domain.lifecycle import InstanceState
 from roost.gateway.capacity import CapacityView
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
@@ -298,16 +300,11 @@ def _check_protection(op: Op, records: list[InstanceRecord]) -> None:
     """Refuse the whole call, before any instance is touched, when one of them is
     protected against it (as EC2 does). The node checks again, against races."""
     for rec in records:
-        if rec.state in ("shutting-down", "terminated"):
-            continue
-        if op == "terminate" and rec.opts.disable_api_termination:
-            raise OperationNotPermitted(
-                f"The instance '{rec.instance_id}' may not be terminated. Modify its "
-                "'disableApiTermination' instance attribute and try again.")
-        if op == "stop" and rec.opts.disable_api_stop:
-            raise OperationNotPermitted(
-                f"The instance '{rec.instance_id}' may not be stopped. Modify its "
-                "'disableApiStop' instance attribute and try again.")
+        opts = rec.opts
+        refused = refusal(op, rec.instance_id, InstanceState(rec.state),
+                          Protection(opts.disable_api_termination, opts.disable_api_stop))
+        if refused is not None and refused[0] == OperationNotPermitted.code:
+            raise OperationNotPermitted(refused[1])
 
 
 def failure_code(exc: BaseException) -> str:

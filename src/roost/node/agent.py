@@ -29,6 +29,7 @@ from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import connect, key_value
 from roost.domain.catalog import BUILTIN, Catalog
+from roost.domain.commands import Protection, instance_shutdown, refusal
 from roost.domain.host import HostCapacity
 from roost.domain.images import IMAGES
 from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
@@ -438,20 +439,13 @@ class NodeAgent:
         rec = self._records[instance_id]
         if St(rec.state) not in (St.PENDING, St.RUNNING) or instance_id in self._rebooting:
             return  # a stop, terminate or reboot is already moving it
+        out = instance_shutdown(behavior=rec.opts.shutdown_behavior, exit_code=ended.code,
+                                oom_limit_mib=ended.oom_limit_mib)
         if ended.oom_limit_mib is not None:
-            reason = "Server.OutOfMemory"
-            note = (f"killed by its memory limit of {ended.oom_limit_mib} MiB "
-                    f"(out of memory); exit code {ended.code}")
-            log.warning("node %s: instance %s %s", self.node_id, instance_id, note)
-        else:
-            reason = "Client.InstanceInitiatedShutdown"
-            note = f"process exited with {ended.code}"
-        if rec.opts.shutdown_behavior == "terminate":
-            await self._move(instance_id, St.SHUTTING_DOWN, reason=reason, note=note,
+            log.warning("node %s: instance %s %s", self.node_id, instance_id, out.note)
+        for target in out.states:
+            await self._move(instance_id, target, reason=out.reason, note=out.note,
                              exit_code=ended.code)
-            await self._move(instance_id, St.TERMINATED, reason=reason)
-            return
-        await self._move(instance_id, St.STOPPED, reason=reason, note=note, exit_code=ended.code)
 
     # --- lifecycle commands -------------------------------------------------------------
 
@@ -473,27 +467,25 @@ class NodeAgent:
             return s.CommandReply(ok=True, instance=rec, previous_state=before.value,
                                   console=console_tail(self._workdir(iid) / "console.log"),
                                   console_at=now_iso())
+        opts = rec.opts
+        changes = cmd.changes
+        refused = refusal(op, iid, before, Protection(opts.disable_api_termination,
+                                                      opts.disable_api_stop),
+                          rollback=cmd.force, changes_type_or_data=changes is not None and (
+                              changes.instance_type is not None
+                              or changes.user_data is not None))
+        if refused is not None:
+            return s.CommandReply(ok=False, previous_state=before.value, error=refused[0],
+                                  message=refused[1])
         if op == "modify":
-            return await self._modify(iid, before, cmd.changes)
+            return await self._modify(iid, before, changes)
         if op == "terminate":
-            # ``force`` is the gateway rolling back its own launch (MinCount not met).
-            if rec.opts.disable_api_termination and not cmd.force and before not in (
-                    St.SHUTTING_DOWN, St.TERMINATED):
-                return _not_permitted(iid, "terminated", "disableApiTermination")
             rec = await self._terminate(iid, before)
         elif op == "stop":
-            if before in (St.SHUTTING_DOWN, St.TERMINATED):
-                return self._incorrect(iid, op, before)
-            if rec.opts.disable_api_stop:
-                return _not_permitted(iid, "stopped", "disableApiStop")
             rec = await self._stop(iid, before)
         elif op == "reboot":
-            if before is not St.RUNNING:
-                return self._incorrect(iid, op, before)
             self._track(self._reboot(iid))
         else:
-            if before in (St.SHUTTING_DOWN, St.TERMINATED, St.STOPPING):
-                return self._incorrect(iid, op, before)
             started = await self._start(iid, before)
             if started is None:
                 return s.CommandReply(ok=False, previous_state=before.value,
@@ -502,10 +494,6 @@ class NodeAgent:
                                               f"{iid} as {rec.instance_type}")
             rec = started
         return s.CommandReply(ok=True, instance=rec, previous_state=before.value)
-
-    def _incorrect(self, instance_id: str, op: str, state: InstanceState) -> s.CommandReply:
-        return s.CommandReply(ok=False, previous_state=state.value, error="IncorrectInstanceState",
-                              message=f"cannot {op} instance {instance_id} while it is {state}")
 
     async def _terminate(self, instance_id: str, before: InstanceState) -> s.InstanceRecord:
         if before in (St.SHUTTING_DOWN, St.TERMINATED):
@@ -575,14 +563,6 @@ class NodeAgent:
         if changes is None:
             return s.CommandReply(ok=False, error="MissingParameter",
                                   message="nothing to modify")
-        if before in (St.SHUTTING_DOWN, St.TERMINATED):
-            return self._incorrect(instance_id, "modify", before)
-        rec = self._records[instance_id]
-        if (changes.instance_type is not None or changes.user_data is not None) and (
-                before is not St.STOPPED):
-            return s.CommandReply(
-                ok=False, previous_state=before.value, error="IncorrectInstanceState",
-                message=f"The instance '{instance_id}' is not in the 'stopped' state.")
         update: dict[str, object] = {}
         if changes.instance_type is not None:
             if changes.instance_type not in self.config.catalog:
@@ -639,10 +619,3 @@ def _stamp(iso: str) -> float:
         return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0  # an unreadable stamp is old
-
-
-def _not_permitted(instance_id: str, verb: str, attribute: str) -> s.CommandReply:
-    return s.CommandReply(
-        ok=False, error="OperationNotPermitted",
-        message=f"The instance '{instance_id}' may not be {verb}. Modify its '{attribute}' "
-                f"instance attribute and try again.")

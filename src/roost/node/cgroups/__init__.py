@@ -28,10 +28,18 @@ shell shim that writes its own pid into every procs file and then execs.
 
 from roost.node.cgroups._detect import detect
 from roost.node.cgroups._group import JOIN_SHIM, Cgroups, InstanceCgroup
-from roost.node.cgroups._types import CgroupError, CgroupUnavailable, Limits, Usage
+from roost.node.cgroups._types import (
+    ROOT_ENV,
+    CgroupError,
+    CgroupUnavailable,
+    Limits,
+    Usage,
+    root_name,
+)
 
 __all__ = [
     "JOIN_SHIM",
+    "ROOT_ENV",
     "CgroupError",
     "CgroupUnavailable",
     "Cgroups",
@@ -39,4 +47,5 @@ __all__ = [
     "Limits",
     "Usage",
     "detect",
+    "root_name",
 ]

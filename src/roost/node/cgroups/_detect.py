@@ -14,7 +14,7 @@ from pathlib import Path
 
 from roost.node.cgroups import _v1, _v2
 from roost.node.cgroups._group import Cgroups, Hierarchy, parse_proc_cgroup
-from roost.node.cgroups._types import CgroupError, CgroupUnavailable, check_id
+from roost.node.cgroups._types import CgroupError, CgroupUnavailable, check_id, root_name
 
 V1_CONTROLLERS = frozenset(
     "cpu cpuacct cpuset memory devices freezer net_cls net_prio blkio perf_event "
@@ -124,12 +124,13 @@ def _v1_layout(node_id: str, mounts: list[Mount], own: dict[str, str], proc: Pat
         chosen.setdefault(m.controllers, d)
     hierarchies = []
     own_dirs = {}
+    name = root_name()
     for controllers, own_dir in chosen.items():
         key = ",".join(sorted(controllers))
         path = own[min(controllers)].rstrip("/")
         own_dirs[key] = own_dir
         hierarchies.append(
-            Hierarchy(key, controllers, own_dir / "roost" / node_id, f"{path}/roost/{node_id}")
+            Hierarchy(key, controllers, own_dir / name / node_id, f"{path}/{name}/{node_id}")
         )
     return _v1.V1Cgroups(node_id, hierarchies, own_dirs=own_dirs, proc=proc)
 

@@ -12,6 +12,7 @@ launch handles these too; it always carries the path that failed, for logs and r
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -73,3 +74,12 @@ def check_id(kind: str, value: str) -> str:
 
 def is_id(value: str) -> bool:
     return _ID.fullmatch(value) is not None
+
+
+ROOT_ENV = "ROOST_CGROUP_ROOT"
+
+
+def root_name() -> str:
+    """The directory all of roost's groups live under (``roost``), or ``$ROOST_CGROUP_ROOT``:
+    two roost installations (or two test runs) on one host keep apart by naming their own."""
+    return check_id(ROOT_ENV, os.environ.get(ROOT_ENV, "roost"))

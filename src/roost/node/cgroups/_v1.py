@@ -8,7 +8,13 @@ from pathlib import Path
 
 from roost.node.cgroups import _fs
 from roost.node.cgroups._group import FREEZE_TIMEOUT, Cgroups, Hierarchy, InstanceCgroup
-from roost.node.cgroups._types import CPU_PERIOD_US, CgroupUnavailable, Limits, Usage
+from roost.node.cgroups._types import (
+    CPU_PERIOD_US,
+    CgroupUnavailable,
+    Limits,
+    Usage,
+    root_name,
+)
 
 REQUIRED = ("memory", "cpu", "cpuacct", "pids")
 OPTIONAL = ("freezer",)
@@ -86,7 +92,7 @@ class V1Cgroups(Cgroups):
         super().__init__(
             node_id,
             hierarchies,
-            shared_dirs=[own_dirs[h.key] / "roost" for h in hierarchies],
+            shared_dirs=[own_dirs[h.key] / root_name() for h in hierarchies],
             proc=proc,
         )
         self.own_dirs = dict(own_dirs)

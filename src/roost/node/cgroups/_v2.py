@@ -22,10 +22,10 @@ from roost.node.cgroups._types import (
     Limits,
     Usage,
     check_id,
+    root_name,
 )
 
 REQUIRED = ("memory", "cpu", "pids")
-DEFAULT_PARENT = "roost"
 
 
 def available_controllers(cgroup_dir: Path) -> frozenset[str]:
@@ -110,7 +110,7 @@ class V2Cgroups(Cgroups):
         (`roost`, right under the root) controllers are enabled from the root down; an
         explicit parent is a delegated subtree, and only it and below are touched."""
         check_id("node id", node_id)
-        rel = (parent or DEFAULT_PARENT).strip("/")
+        rel = (parent or root_name()).strip("/")
         if not rel or any(part in ("", ".", "..") for part in rel.split("/")):
             raise ValueError(f"invalid cgroup parent {parent!r}")
         self.mount = mount
