@@ -97,13 +97,15 @@ def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
     from roost.controller.cli import controller, db, pools
+    from roost.dashboard.cli import dashboard
     from roost.demo import demo
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, node, gateway, status, controller, pools, db, worker, bench):
+    for cmd in (up, demo, dashboard, node, gateway, status, controller, pools, db, worker,
+                bench):
         main.add_command(cmd)
 
 
