@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test install install-test lint clean
+.PHONY: up test install install-test browser lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,19 @@ install: $(VENV)/.installed-run
 
 install-test: $(VENV)/.installed-test
 
+# The dashboard's browser suite drives Debian's chromium (Playwright, from the dev extra,
+# with executable_path=/usr/bin/chromium; no browser download). Installed once, as root
+# with apt-get; elsewhere the suite fails and says how to install it.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	  else \
+	    echo "no $(CHROMIUM): run 'sudo apt-get install -y chromium' for the browser tests" >&2; \
+	  fi; \
+	fi
+
 up: install
 	$(BIN)/roost up
 
@@ -34,7 +47,7 @@ lint: install-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+test: lint browser
 	$(BIN)/pytest -q
 
 clean:

@@ -20,6 +20,7 @@ from roost.embedded.proc import free_port, port_open
 from roost.up.cluster import (
     ClusterSpec,
     ControllerComponent,
+    DashboardComponent,
     LocalCluster,
     NatsComponent,
     build_components,
@@ -30,6 +31,7 @@ DEFAULT_PORT = 8773
 DEFAULT_NATS_PORT = 4222
 DEFAULT_CONTROLLER_PORT = 9180
 DEFAULT_POSTGRES_PORT = 5432
+DEFAULT_DASHBOARD_PORT = 8780
 
 
 def load_or_make_credentials(data_dir: Path) -> tuple[str, str]:
@@ -54,7 +56,7 @@ def _port(wanted: int | None, default: int) -> int:
 
 
 def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str,
-           controller_url: str = "", dsn: str = "") -> str:
+           controller_url: str = "", dsn: str = "", dashboard_url: str = "") -> str:
     creds = (f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
              if spec.auth else "AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x ")
     lines = [
@@ -65,6 +67,8 @@ def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret:
         f"  NATS           {nats_url}",
         f"  region         {spec.region}",
     ]
+    if dashboard_url:
+        lines += [f"  dashboard      {dashboard_url}"]
     if controller_url:
         lines += [f"  controller     {controller_url}   (curl {controller_url}/status)",
                   f"  Postgres       {dsn}"]
@@ -163,13 +167,17 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
                    "if taken].")
 @click.option("--postgres-port", type=click.IntRange(0, 65535), default=None,
               help=f"Postgres port [default: {DEFAULT_POSTGRES_PORT}, or a free one if taken].")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+              help=f"Web dashboard port [default: {DEFAULT_DASHBOARD_PORT}, or a free one if "
+                   "taken]; it binds to --host.")
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port: int | None,
        host: str, region: str, policy: str, data_dir: Path, no_controller: bool,
-       controller_port: int | None, postgres_port: int | None, no_auth: bool,
-       log_level: str) -> None:
+       controller_port: int | None, postgres_port: int | None, dashboard_port: int | None,
+       no_dashboard: bool, no_auth: bool, log_level: str) -> None:
     """Run NATS, Postgres, the EC2 gateway, local nodes and the capacity controller in one
     process, until Ctrl-C.
 
@@ -193,6 +201,7 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
         postgres_port=None if no_controller else _port(postgres_port, DEFAULT_POSTGRES_PORT),
         controller_port=0 if no_controller else (
             _port(controller_port, DEFAULT_CONTROLLER_PORT) or free_port()),
+        dashboard_port=None if no_dashboard else _port(dashboard_port, DEFAULT_DASHBOARD_PORT),
     )
     cluster = LocalCluster(build_components(spec))
 
@@ -212,8 +221,11 @@ def up(nodes: int, driver: str, node_capacity: str, port: int | None, nats_port:
         os.chmod(env_file, 0o600)
         nats = cluster.get(NatsComponent)
         assert isinstance(nats, NatsComponent)
+        board = next((c for c in cluster.components if isinstance(c, DashboardComponent)),
+                     None)
         text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
-                      controller_url=controller_url, dsn=dsn)
+                      controller_url=controller_url, dsn=dsn,
+                      dashboard_url=board.url if board else "")
         return f"{text}\n(or: source {env_file})"
 
     try:
