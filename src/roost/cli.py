@@ -35,6 +35,9 @@ BENCHMARKS = {
                             "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
     "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
                                   "Plan and tick cost of the capacity controller at scale."),
+    "dashboard": BenchEntry("roost.bench.dashboard", "dashboard_bench",
+                            "Server time to render each dashboard page at scale (1,000 nodes, "
+                            "100,000 instances)."),
     "launch": BenchEntry("roost.bench.launch", "launch",
                          "RunInstances + TerminateInstances latency (p50/p99) and throughput, "
                          "beside moto's server and a raw NATS floor, plus "

@@ -374,3 +374,14 @@ def test_vendored_files_match_their_recorded_hashes() -> None:
     assert len(rows) == 3
     for name, digest in rows:
         assert hashlib.sha256((static / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_roost_dashboard_refuses_a_public_bind_without_credentials() -> None:
+    from click.testing import CliRunner
+
+    from roost.cli import main
+
+    result = CliRunner().invoke(main, ["dashboard", "--host", "0.0.0.0", "--nats",
+                                       "nats://127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "refusing to serve the dashboard on '0.0.0.0' without credentials" in result.output

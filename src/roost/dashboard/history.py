@@ -102,7 +102,7 @@ class History:
     def __init__(self, *, samples: int = HISTORY_SAMPLES, events: int = EVENTS_KEPT) -> None:
         self.samples: deque[Sample] = deque(maxlen=samples)
         self.events: deque[Event] = deque(maxlen=events)
-        self._instances: dict[str, tuple[str, str]] = {}
+        self._instances: dict[str, InstanceRecord] = {}
         self._nodes: dict[str, str] = {}
         self._controller: tuple[object, ...] | None = None
         self._actions_seen: set[tuple[str, str, str, str]] = set()
@@ -142,25 +142,21 @@ class History:
     def _diff_instances(self, at: float, instances: Mapping[str, InstanceRecord],
                         first: bool) -> None:
         old = self._instances
-        new: dict[str, tuple[str, str]] = {}
         for iid, r in instances.items():
-            cur = (r.state, r.updated_at)
-            new[iid] = cur
             before = old.get(iid)
-            if before == cur:
+            if before is r:
                 continue
             if before is None:
-                if first:
-                    continue
+                if not first:
+                    self._log(at, "instance", iid,
+                              f"{iid} ({r.instance_type}) {r.state} on {r.node_id}")
+            elif before.state != r.state:
+                why = r.state_transition_reason or r.state_reason
                 self._log(at, "instance", iid,
-                          f"{iid} ({r.instance_type}) {r.state} on {r.node_id}")
-            elif before[0] != r.state:
-                why = f": {r.state_transition_reason or r.state_reason}" if (
-                    r.state_transition_reason or r.state_reason) else ""
-                self._log(at, "instance", iid, f"{iid} {before[0]} \u2192 {r.state}{why}")
-        for iid in old.keys() - new.keys():
+                          f"{iid} {before.state} \u2192 {r.state}{': ' + why if why else ''}")
+        for iid in old.keys() - instances.keys():
             self._log(at, "instance", iid, f"{iid} expired from the instance index")
-        self._instances = new
+        self._instances = dict(instances)
 
     def _diff_controller(self, at: float, doc: Mapping[str, Any] | None, error: str) -> None:
         if doc is None:

@@ -7,6 +7,7 @@ No I/O and no clock here: the state carries its own time.
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -140,12 +141,13 @@ def node_counts(nodes: Iterable[NodeState]) -> dict[str, int]:
     return out
 
 
+_STATE = operator.attrgetter("state")
 STATE_ORDER = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
 
 
 def instance_counts(instances: Iterable[InstanceRecord]) -> dict[str, int]:
     """Instances by state, in lifecycle order, every state listed (zero included)."""
-    counted = Counter(r.state for r in instances)
+    counted = Counter(map(_STATE, instances))
     out = {s: counted.pop(s, 0) for s in STATE_ORDER}
     out.update(sorted(counted.items()))
     return out

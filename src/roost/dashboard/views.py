@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,8 +117,25 @@ def nodes(state: ClusterState, q: Mapping[str, str]) -> dict[str, Any]:
             "counts": node_counts(state.nodes), "status": want}
 
 
+_HAYSTACKS: dict[str, tuple[InstanceRecord, str]] = {}
+"""Instance id -> (the record, its searchable text, lower-case): made once per record
+version, so a text search over 100,000 instances is a dict lookup and a substring test
+each."""
+
+
+def _haystack(r: InstanceRecord) -> str:
+    found = _HAYSTACKS.get(r.instance_id)
+    if found is not None and found[0] is r:
+        return found[1]
+    hay = "\n".join((r.instance_id, r.instance_type, r.node_id, r.private_ip, r.state,
+                     *(f"{k}={v}" for k, v in r.tags.items()))).lower()
+    _HAYSTACKS[r.instance_id] = (r, hay)
+    return hay
+
+
 def _matches(r: InstanceRecord, *, state: str, itype: str, node: str, tag: str,
              text: str) -> bool:
+    """``text`` is lower-case already."""
     if state and r.state != state:
         return False
     if itype and r.instance_type != itype:
@@ -128,12 +146,7 @@ def _matches(r: InstanceRecord, *, state: str, itype: str, node: str, tag: str,
         key, sep, value = tag.partition("=")
         if key not in r.tags or (sep and r.tags[key] != value):
             return False
-    if text:
-        hay = " ".join((r.instance_id, r.instance_type, r.node_id, r.private_ip, r.state,
-                        *r.tags.keys(), *r.tags.values())).lower()
-        if text.lower() not in hay:
-            return False
-    return True
+    return not text or text in _haystack(r)
 
 
 def describe_command(endpoint: str, filters: Mapping[str, str]) -> str:
@@ -153,17 +166,28 @@ def describe_command(endpoint: str, filters: Mapping[str, str]) -> str:
     return shlex.join(parts)
 
 
+_NEWEST = operator.attrgetter("launch_time", "instance_id")
+
+
 def instances(state: ClusterState, q: Mapping[str, str], *, endpoint: str) -> dict[str, Any]:
     filters = {k: q.get(k, "").strip() for k in ("state", "type", "node", "tag", "q")}
-    recs = [r for r in state.instances.values()
-            if _matches(r, state=filters["state"], itype=filters["type"], node=filters["node"],
-                        tag=filters["tag"], text=filters["q"])]
-    # Newest first; ISO stamps sort as text.
-    recs.sort(key=lambda r: (r.launch_time, r.instance_id), reverse=True)
+    needle = filters["q"].lower()
+    if len(_HAYSTACKS) > 2 * len(state.instances) + 1000:
+        _HAYSTACKS.clear()  # records gone from the index
+    if any(filters.values()):
+        recs = [r for r in state.instances.values()
+                if _matches(r, state=filters["state"], itype=filters["type"],
+                            node=filters["node"], tag=filters["tag"], text=needle)]
+    else:
+        recs = list(state.instances.values())
     page, cut = paginate(len(recs), _int(q, "page"))
+    # Newest first (ISO stamps sort as text). Records arrive roughly in launch order,
+    # which timsort takes in near-linear time.
+    shown = sorted(recs, key=_NEWEST, reverse=True)[cut]
+    counts = instance_counts(state.instances.values())
     return {
-        "rows": recs[cut], "page": page, "filters": filters,
-        "states": list(instance_counts(state.instances.values())),
+        "rows": shown, "page": page, "filters": filters,
+        "states": list(counts),
         "types": sorted({r.instance_type for r in state.instances.values()}),
         "node_ids": sorted(n.snap.node_id for n in state.nodes),
         "command": describe_command(endpoint, filters),
@@ -246,8 +270,10 @@ def chart_series(history: History) -> dict[str, Any]:
     pools: dict[str, dict[str, list[int | None]]] = {}
     for i, x in enumerate(s):
         for pid, ps in x.pools.items():
-            col = pools.setdefault(pid, {"demand": [None] * len(s), "desired": [None] * len(s),
-                                         "current": [None] * len(s)})
+            col = pools.get(pid)
+            if col is None:
+                col = pools[pid] = {"demand": [None] * len(s), "desired": [None] * len(s),
+                                    "current": [None] * len(s)}
             col["demand"][i], col["desired"][i], col["current"][i] = (
                 ps.demand, ps.desired, ps.current)
     launches: list[float | None] = [None]
