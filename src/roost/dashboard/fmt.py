@@ -22,8 +22,8 @@ def gib(mib: int | float) -> str:
 
 
 def gpus(milli: int | float) -> str:
-    """Milli-GPUs as GPUs: 2500 -> "2.5 GPU"."""
-    return f"{_trim(milli / 1000, 2)} GPU"
+    """Milli-GPUs as GPUs: 2500 -> "2.5 GPU", 125 -> "0.125 GPU"."""
+    return f"{_trim(milli / 1000, 3)} GPU"
 
 
 def pct(part: float, whole: float) -> str:
