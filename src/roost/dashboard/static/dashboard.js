@@ -3,7 +3,14 @@
 // /api/history. No build step: plain ES2017 against the vendored htmx and uPlot.
 (function () {
   "use strict";
+  // Show error answers (a refused or failed drain) in their target, as notices.
+  htmx.config.responseHandling = [
+    { code: "204", swap: false },
+    { code: "[23]..", swap: true },
+    { code: "[45]..", swap: true, error: true }
+  ];
   var conn = document.getElementById("conn");
+  var live = document.getElementById("live");
   var updated = document.getElementById("updated");
   var charts = {};
 
@@ -72,7 +79,12 @@
       conn.textContent = "live"; conn.dataset.state = "live";
       if (d.at) { updated.textContent = hhmmss(d.at); }
       document.body.dataset.seq = String(d.seq);
-      htmx.trigger(document.body, "tick");
+      // Not under a keyboard user's feet: while focus is inside the live region, a swap
+      // would throw it back to the top of the page; the next tick after it leaves
+      // brings the region up to date.
+      if (!(live && live.contains(document.activeElement))) {
+        htmx.trigger(document.body, "tick");
+      }
       drawAll();
     });
     es.onerror = function () { conn.textContent = "reconnecting…"; conn.dataset.state = "down"; };
