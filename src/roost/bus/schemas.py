@@ -107,9 +107,8 @@ class CapacitySnapshot(Msg):
     instances: int = 0
     heartbeat_seconds: float = 2.0
     sent_at: float = 0.0  # the node's wall clock, seconds since the epoch
-    isolation: str = ""
-    """How the node bounds an instance (e.g. "cgroup", "none"); "" when it does not say."""
-    isolation_note: str = ""
+    isolation: str = ""  # "none" | "cgroup" | "sandbox"; "" from a node before isolation
+    isolation_note: str = ""  # why isolation is lower than the node was asked for
 
 
 class TypeInfo(Msg):
