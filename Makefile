@@ -10,8 +10,10 @@ BIN := $(VENV)/bin
 
 .PHONY: up test install install-test lint system-packages clean
 
-# Debian packages the tests drive for real (COMMAND=PACKAGE).
-SYSTEM_PACKAGES := bwrap=bubblewrap
+# Debian packages the tests drive for real (COMMAND=PACKAGE): bubblewrap for the
+# sandboxed instances; chromium for the dashboard's browser suite (Playwright, from the
+# dev extra, with executable_path=/usr/bin/chromium; no browser download).
+SYSTEM_PACKAGES := bwrap=bubblewrap chromium=chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -35,6 +35,9 @@ BENCHMARKS = {
                             "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
     "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
                                   "Plan and tick cost of the capacity controller at scale."),
+    "dashboard": BenchEntry("roost.bench.dashboard", "dashboard_bench",
+                            "Server time to render each dashboard page at scale (1,000 nodes, "
+                            "100,000 instances)."),
     "isolation": BenchEntry("roost.bench.isolation", "isolation",
                             "Launch and terminate latency per isolation level (none, cgroup, "
                             "sandbox), side by side in one run on this host."),
@@ -100,13 +103,15 @@ def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
     from roost.controller.cli import controller, db, pools
+    from roost.dashboard.cli import dashboard
     from roost.demo import demo
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, node, gateway, status, controller, pools, db, worker, bench):
+    for cmd in (up, demo, dashboard, node, gateway, status, controller, pools, db, worker,
+                bench):
         main.add_command(cmd)
 
 

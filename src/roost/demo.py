@@ -39,6 +39,7 @@ from roost.store.migrations import migrate
 from roost.up.cluster import (
     ClusterSpec,
     ControllerComponent,
+    DashboardComponent,
     LocalCluster,
     build_components,
     new_credentials,
@@ -145,6 +146,9 @@ async def run_demo(cluster: LocalCluster, spec: ClusterSpec, *, tasks: int, seco
         console.print("starting NATS, Postgres, the gateway, "
                       f"{spec.nodes} nodes and the controller ...")
         await cluster.start()
+        for c in cluster.components:
+            if isinstance(c, DashboardComponent):
+                console.print(f"dashboard: {c.url}  (watch the pool on its Pools page)")
         key, secret = next(iter(spec.credentials.items()))
         orch = NativeOrchestrator(NativeSettings(
             endpoint=cluster.gateway.endpoint, region=spec.region, access_key_id=key,
@@ -272,7 +276,8 @@ def demo(tasks: int, task_seconds: float, max_replicas: int, per_replica: int,
     spec = ClusterSpec(
         data_dir=data_dir.absolute(), nodes=3, driver="process", node_capacity="8vcpu,32GiB",
         heartbeat_seconds=0.5, nats_port=free_port(), port=free_port(),
-        credentials={key: secret}, postgres_port=free_port(), controller_port=free_port())
+        credentials={key: secret}, postgres_port=free_port(), controller_port=free_port(),
+        dashboard_port=free_port())
     components = build_components(spec)
     cluster = LocalCluster(components)
     ctl = cluster.get(ControllerComponent)

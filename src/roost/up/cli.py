@@ -21,6 +21,7 @@ from roost.node.isolation import LEVELS, Level
 from roost.up.cluster import (
     ClusterSpec,
     ControllerComponent,
+    DashboardComponent,
     LocalCluster,
     NatsComponent,
     build_components,
@@ -31,6 +32,7 @@ DEFAULT_PORT = 8773
 DEFAULT_NATS_PORT = 4222
 DEFAULT_CONTROLLER_PORT = 9180
 DEFAULT_POSTGRES_PORT = 5432
+DEFAULT_DASHBOARD_PORT = 8780
 
 
 def load_or_make_credentials(data_dir: Path) -> tuple[str, str]:
@@ -55,7 +57,8 @@ def _port(wanted: int | None, default: int) -> int:
 
 
 def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str,
-           controller_url: str = "", dsn: str = "", isolation: str = "") -> str:
+           controller_url: str = "", dsn: str = "", dashboard_url: str = "",
+           isolation: str = "") -> str:
     creds = (f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
              if spec.auth else "AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x ")
     lines = [
@@ -66,6 +69,8 @@ def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret:
         f"  NATS           {nats_url}",
         f"  region         {spec.region}",
     ]
+    if dashboard_url:
+        lines += [f"  dashboard      {dashboard_url}"]
     if controller_url:
         lines += [f"  controller     {controller_url}   (curl {controller_url}/status)",
                   f"  Postgres       {dsn}"]
@@ -168,13 +173,17 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
                    "if taken].")
 @click.option("--postgres-port", type=click.IntRange(0, 65535), default=None,
               help=f"Postgres port [default: {DEFAULT_POSTGRES_PORT}, or a free one if taken].")
+@click.option("--dashboard-port", type=click.IntRange(0, 65535), default=None,
+              help=f"Web dashboard port [default: {DEFAULT_DASHBOARD_PORT}, or a free one if "
+                   "taken]; it binds to --host.")
+@click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int | None,
        nats_port: int | None, host: str, region: str, policy: str, data_dir: Path,
-       no_controller: bool, controller_port: int | None, postgres_port: int | None, no_auth: bool,
-       log_level: str) -> None:
+       no_controller: bool, controller_port: int | None, postgres_port: int | None,
+       dashboard_port: int | None, no_dashboard: bool, no_auth: bool, log_level: str) -> None:
     """Run NATS, Postgres, the EC2 gateway, local nodes and the capacity controller in one
     process, until Ctrl-C.
 
@@ -198,6 +207,7 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
         postgres_port=None if no_controller else _port(postgres_port, DEFAULT_POSTGRES_PORT),
         controller_port=0 if no_controller else (
             _port(controller_port, DEFAULT_CONTROLLER_PORT) or free_port()),
+        dashboard_port=None if no_dashboard else _port(dashboard_port, DEFAULT_DASHBOARD_PORT),
     )
     cluster = LocalCluster(build_components(spec))
 
@@ -220,8 +230,11 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
         levels = sorted({f"{a.driver.isolation}" + (f" ({a.driver.isolation_note})"
                                                      if a.driver.isolation_note else "")
                          for a in cluster.nodes}) if spec.driver == "process" else []
+        board = next((c for c in cluster.components if isinstance(c, DashboardComponent)),
+                     None)
         text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
-                      controller_url=controller_url, dsn=dsn, isolation=", ".join(levels))
+                      controller_url=controller_url, dsn=dsn,
+                      dashboard_url=board.url if board else "", isolation=", ".join(levels))
         return f"{text}\n(or: source {env_file})"
 
     try:

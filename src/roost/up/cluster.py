@@ -23,6 +23,8 @@ from roost.controller.clock import SystemClock
 from roost.controller.config import ControllerConfig
 from roost.controller.orchestrator import Orchestrator
 from roost.controller.service import serve
+from roost.dashboard.server import Dashboard, DashboardConfig
+from roost.dashboard.sources import launch_counters
 from roost.decide.placement import DEFAULT_POLICY
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
@@ -174,6 +176,40 @@ class ControllerComponent:
             await asyncio.wait_for(self._task, 30)
 
 
+class DashboardComponent:
+    """The web dashboard, on the cluster's NATS and controller; made at start, when the
+    gateway's endpoint (which its AWS CLI commands name) is known."""
+
+    name = "dashboard"
+
+    def __init__(self, *, nats: NatsComponent, gateway: GatewayComponent,
+                 controller_url: str, host: str, port: int,
+                 credentials: Mapping[str, str], interval: float = 5.0) -> None:
+        self.nats, self.gateway = nats, gateway
+        self.interval = interval
+        self.controller_url, self.host, self.port = controller_url, host, port
+        self.credentials = credentials
+        self.dashboard: Dashboard | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.dashboard is not None
+        return self.dashboard.url
+
+    async def start(self) -> None:
+        gw = self.gateway.gateway
+        self.dashboard = Dashboard(DashboardConfig(
+            nats_urls=[self.nats.url], controller_url=self.controller_url, host=self.host,
+            port=self.port, credentials=self.credentials, ec2_endpoint=gw.endpoint,
+            interval=self.interval,
+        ), launches=lambda: launch_counters(gw.metrics.registry))
+        await self.dashboard.start()
+
+    async def stop(self) -> None:
+        if self.dashboard is not None:
+            await self.dashboard.stop()
+
+
 class LocalCluster:
     def __init__(self, components: Sequence[Component]) -> None:
         self.components = list(components)
@@ -254,6 +290,8 @@ class ClusterSpec:
     postgres_port: int | None = None
     controller_host: str = "127.0.0.1"
     controller_port: int = 9180
+    dashboard_port: int | None = None
+    """Serve the web dashboard on this port (0: any free one); None: no dashboard."""
 
     def node_host(self) -> HostCapacity:
         return HostCapacity(total=parse_quantity(self.node_capacity),
@@ -295,6 +333,12 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         )
         # Postgres first of all, so it is the last to stop; the controller last.
         components = [postgres, *components, controller]
+    if spec.dashboard_port is not None:
+        components.append(DashboardComponent(
+            nats=nats, gateway=gateway, host=spec.host, port=spec.dashboard_port,
+            controller_url=(f"http://{spec.controller_host}:{spec.controller_port}"
+                            if spec.controller else ""),
+            credentials=spec.credentials))
     return components
 
 
