@@ -122,8 +122,8 @@ class TokenStore:
         self._background: set[asyncio.Task[None]] = set()
         self._abandoned: OrderedDict[str, str] = OrderedDict()
         """key -> claimant of a pending entry nobody here works on any more."""
-        self._watched: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        """key -> (revision, when this gateway first saw it) of pending entries."""
+        self._watched: OrderedDict[str, tuple[int, float, float]] = OrderedDict()
+        """key -> (revision, first and last time this gateway saw it) of pending entries."""
 
     # ---- claim ------------------------------------------------------------------------
 
@@ -165,12 +165,14 @@ class TokenStore:
             # The create may still land (a reconnecting client sends what it buffered):
             # a claim nobody works on, which the next repeat here takes over at once.
             self._remember(self._abandoned, key, claimant)
+            self._outage()
             raise ServiceUnavailable(f"The idempotency store is unreachable: {exc!r}") from None
         try:
             found = await self._kv.get(key)
         except _MISSING:
             raise _Pending from None  # deleted between create and get: go round again
         except _KV_DOWN as exc:
+            self._outage()
             raise ServiceUnavailable(f"The idempotency store is unreachable: {exc!r}") from None
         cur = msgspec.json.decode(found.value or b"", type=TokenEntry)
         if cur.fingerprint != fp:
@@ -203,10 +205,19 @@ class TokenStore:
         this gateway's monotonic clock: the only clock it can trust."""
         now = self._clock()
         seen = self._watched.get(key)
-        if seen is None or seen[0] != revision:
-            self._remember(self._watched, key, (revision, now))
+        # A gap in the watching (no repeat asked for a while) may hide an outage during
+        # which nobody could renew: the watch starts again.
+        gap = max(self._lease / 2, 3 * self._poll)
+        if seen is None or seen[0] != revision or now - seen[2] > gap:
+            self._remember(self._watched, key, (revision, now, now))
             return False
+        self._watched[key] = (revision, seen[1], now)
         return now - seen[1] >= self._lease
+
+    def _outage(self) -> None:
+        """While the bucket is unreachable nobody can renew a claim: a quiet spell that
+        spans an outage proves nothing, so every watch starts again."""
+        self._watched.clear()
 
     def _remember(self, table: OrderedDict[str, _V], key: str, value: _V) -> None:
         table[key] = value
@@ -255,6 +266,7 @@ class TokenStore:
                             claim.reservation_id)
                 return
             except _KV_DOWN as exc:
+                self._outage()
                 log.info("could not renew ClientToken claim %s: %r", claim.reservation_id, exc)
 
     async def _still_ours(self, claim: Claim) -> bool:
