@@ -17,12 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import boto3
 import httpx
 import pytest
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
 
+from roost.domain.images import DEFAULT_IMAGE_ID as IMAGE
 from roost.embedded.postgres import PostgresServer
 from roost.embedded.proc import EmbeddedError, free_port
+from tests.e2e import test_up_awscli
 from tests.e2e.test_up_awscli import read_until
+
+roost_up = test_up_awscli.roost_up  # the fixture: `roost up` with 3 sim nodes
 
 
 def _postmaster(data: Path) -> int:
@@ -114,6 +121,52 @@ def test_roost_up_restarts_its_postgres_after_kill_9(tmp_path: Path, outside_tmp
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+
+
+def _child(parent: int, comm: str) -> int:
+    """The pid of ``parent``'s child process named ``comm``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            raw = stat.read_text()
+        except OSError:
+            continue
+        name = raw[raw.index("(") + 1:raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2:].split()
+        if name == comm and int(fields[1]) == parent and fields[0] != "Z":
+            return int(stat.parent.name)
+    raise LookupError(f"no {comm} under pid {parent}")
+
+
+@pytest.mark.timeout(150)
+def test_roost_up_restarts_its_nats_after_kill_9(roost_up: tuple[subprocess.Popen[bytes],
+                                                                 Path, str]) -> None:
+    proc, log, banner = roost_up
+    export = re.search(r"export (.+)", banner)
+    endpoint = re.search(r"EC2 endpoint\s+(\S+)", banner)
+    assert export and endpoint, banner
+    env = dict(kv.split("=", 1) for kv in export.group(1).split())
+    ec2 = boto3.client(
+        "ec2", endpoint_url=endpoint.group(1), region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        config=Config(retries={"max_attempts": 1}),
+    )
+    nats = _child(proc.pid, "nats-server")
+    os.kill(nats, signal.SIGKILL)
+    killed_at = time.monotonic()
+    text = read_until(proc, log, "nats is back", timeout=60)
+    assert f"nats (pid {nats}) was killed by SIGKILL; restarting it in 1s" in text
+    assert _state(nats) is None, "the dead nats-server was left a zombie"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=1, MaxCount=1)
+            break
+        except (ClientError, BotoCoreError):
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    print(f"\nnats back and a launch through it succeeds {time.monotonic() - killed_at:.1f}s "
+          "after kill -9")
 
 
 def test_stale_lock_files_are_cleared_only_when_their_postmaster_is_gone(
