@@ -8,8 +8,9 @@ The rules, each learned from a system that got it wrong:
   leave it held. So a leader never calls ``pg_try_advisory_lock`` again.
 - Each new leadership bumps the epoch in ``leader_lease``; every controller write checks
   it (`roost.store.fenced`), so a deposed leader cannot write.
-- Each tick the leader runs a keep-alive with a timeout: is the lock still ours and the
-  epoch still ours? Any failure steps down at once.
+- Each tick, and every ``retry_interval`` in between, the leader runs a keep-alive with
+  a timeout: is the lock still ours and the epoch still ours? Any failure steps down at
+  once.
 - A connection termination listener steps down the moment the session dies, without
   waiting for the next tick.
 - Nothing the old leader left behind can block the new one, as with a Kubernetes Lease
@@ -19,8 +20,8 @@ The rules, each learned from a system that got it wrong:
   the lock ``lease_duration`` after its last renewal, whatever its kernel still answers
   on TCP. A fenced write it left open on the lease row ends within half a lease
   (``transaction_timeout``), and the new leader terminates any session still holding the
-  row after a second (`lease.bump_epoch`). With the defaults (10 s lease, 2 s retry) a
-  frozen leader is replaced within 13 s.
+  row after a lock wait of a quarter of ``keepalive_timeout`` (`lease.bump_epoch`).
+  With the defaults (10 s lease, 2 s retry) a frozen leader is replaced within 13 s.
 - A follower that cannot take the lead says why (`problem`): a lock holder silent past
   the lease, a lease row it may not free, Postgres out of reach. /readyz and /status show
   it, instead of reporting a healthy follower of a leader that is gone.
