@@ -320,19 +320,19 @@ async def test_a_declared_workload_steers_the_gpu_placement(
 async def test_client_token_of_a_dead_gateway_is_taken_over(
     gateway: Gateway, bus: Client,
 ) -> None:
-    """A pending claim older than the takeover limit: the repeat keeps its reservation
-    id and finds, by lookup, the instance the dead gateway had launched."""
+    """A pending claim nobody renews for a lease: the repeat keeps its reservation id
+    and finds, by lookup, the instance the dead gateway had launched."""
     node = ScriptedNode(bus, "n1", free_cpu=16000, on_launch=lambda r: "ok")
     await node.start()
     await until_live(gateway, 1)
     assert gateway.service is not None
-    gateway.service.tokens._takeover_after = 0.2
+    gateway.service.tokens._lease = 0.2
     # Forge what a gateway that died mid-launch leaves: a pending claim, a launch done.
     same = RunInstancesRequest("ami-00000000000000001", "t3.micro", 1, 1)
     kv = await key_value(bus, subjects.CLIENT_TOKENS_BUCKET)
     pending = TokenEntry(state="pending", fingerprint=fingerprint(same.fingerprint()),
                          reservation_id="r-dead", owner_id="000000000000",
-                         started_at=time.time() - 1)
+                         claimant="dead-gateway", started_at=time.time() + 3600)
     await kv.put(token_key("000000000000", "orphan"), msgspec.json.encode(pending))
     dead_launch = s.LaunchRequest(launch_id="r-dead-0", instance_type="t3.micro",
                                   image_id="ami-00000000000000001", reservation_id="r-dead")

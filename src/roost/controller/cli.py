@@ -54,7 +54,11 @@ _HELP = {
     "db_non_worker_connections": "Connections kept for everything that is not a worker.",
     "db_connections_per_sync_peer": "Connections each synchronous replication peer holds.",
     "db_expected_sync_peers": "Synchronous peers that must be attached (fewer freezes).",
-    "follower_retry": "Seconds between a follower's attempts to take the lead.",
+    "follower_retry": "Seconds between a follower's attempts to take the lead, and between "
+                      "a leader's renewals of its lease.",
+    "lease_duration": "Seconds a silent (frozen, cut off) leader keeps the lead before "
+                      "Postgres ends its session and a follower takes over; no controller "
+                      "transaction outlives half of it.",
     "keepalive_timeout": "Timeout of the leader's keep-alive query.",
     "io_timeout": "Timeout of each database read and orchestrator call.",
     "http_host": "Address of the HTTP API.",

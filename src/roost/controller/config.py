@@ -53,6 +53,12 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     db_connections_per_sync_peer: int = 1
     db_expected_sync_peers: int = 0
     follower_retry: float = 2.0
+    """Seconds between a follower's tries for the lead and between a leader's renewals
+    (a Kubernetes Lease's retryPeriod)."""
+    lease_duration: float = 10.0
+    """A leader silent this long loses the lead (a Kubernetes Lease's leaseDuration):
+    Postgres ends its lock session, and no transaction of a controller outlives half
+    of it. A frozen leader is replaced within lease_duration + follower_retry + 1 s."""
     keepalive_timeout: float = 2.0
     io_timeout: float = 5.0
     http_host: str = "127.0.0.1"
@@ -99,9 +105,14 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     def validate(self) -> ControllerConfig:
         """Raise ValueError naming the setting at fault."""
-        for name in ("interval", "follower_retry", "keepalive_timeout", "io_timeout"):
+        for name in ("interval", "follower_retry", "keepalive_timeout", "io_timeout",
+                     "lease_duration"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.lease_duration < 2 * max(self.follower_retry, self.keepalive_timeout):
+            raise ValueError("lease_duration must be at least twice follower_retry and "
+                             "keepalive_timeout: a leader renews every follower_retry, "
+                             "each renewal may take keepalive_timeout")
         if not 0 <= self.http_port <= 65535:
             raise ValueError("http_port must be a TCP port")
         self.plan_settings().validate()

@@ -158,8 +158,9 @@ def _openapi() -> bytes:
                 "responses": {"200": ok(health_ref), "503": {"description": "Stopped", **err}},
             }},
             "/readyz": {"get": {
-                "summary": "Ready as leader and as follower; 503 on error or before the "
-                           "first tick.",
+                "summary": "Ready as leader and as follower; 503 on error, before the "
+                           "first tick, or as a follower that cannot take the lead from a "
+                           "leader that is gone (the detail says why).",
                 "responses": {"200": ok(health_ref), "503": {"description": "Not ready", **err}},
             }},
             "/status": {"get": {

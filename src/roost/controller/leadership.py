@@ -8,13 +8,23 @@ The rules, each learned from a system that got it wrong:
   leave it held. So a leader never calls ``pg_try_advisory_lock`` again.
 - Each new leadership bumps the epoch in ``leader_lease``; every controller write checks
   it (`roost.store.fenced`), so a deposed leader cannot write.
-- Each tick the leader runs a keep-alive with a timeout: is the lock still ours and the
-  epoch still ours? Any failure steps down at once.
+- Each tick, and every ``retry_interval`` in between, the leader runs a keep-alive with
+  a timeout: is the lock still ours and the epoch still ours? Any failure steps down at
+  once.
 - A connection termination listener steps down the moment the session dies, without
   waiting for the next tick.
-- The session asks the server to drop it when it goes quiet (``idle_session_timeout``,
-  TCP keepalives), so a leader that hangs or vanishes off the network releases the lock
-  in seconds rather than after the kernel's two-hour TCP timeout.
+- Nothing the old leader left behind can block the new one, as with a Kubernetes Lease
+  (`roost.store.session`): the lock session carries ``idle_session_timeout`` =
+  ``lease_duration``, and the leader renews it every ``retry_interval`` from a task of
+  its own (`keep`), not once per tick; so a frozen leader (SIGSTOP, a stalled VM) loses
+  the lock ``lease_duration`` after its last renewal, whatever its kernel still answers
+  on TCP. A fenced write it left open on the lease row ends within half a lease
+  (``transaction_timeout``), and the new leader terminates any session still holding the
+  row after a lock wait of a quarter of ``keepalive_timeout`` (`lease.bump_epoch`).
+  With the defaults (10 s lease, 2 s retry) a frozen leader is replaced within 13 s.
+- A follower that cannot take the lead says why (`problem`): a lock holder silent past
+  the lease, a lease row it may not free, Postgres out of reach. /readyz and /status show
+  it, instead of reporting a healthy follower of a leader that is gone.
 
 Followers keep their connection and retry the lock every ``retry_interval`` seconds.
 """
@@ -30,6 +40,7 @@ import asyncpg
 
 from roost.controller.clock import Clock
 from roost.store import lease
+from roost.store.session import SessionBounds, connect
 
 log = logging.getLogger("roost.controller.leadership")
 
@@ -48,7 +59,7 @@ class Leadership:
         retry_interval: float = 2.0,
         keepalive_timeout: float = 2.0,
         connect_timeout: float = 5.0,
-        idle_session_timeout: float = 30.0,
+        lease_duration: float = 10.0,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.dsn = dsn
@@ -57,12 +68,17 @@ class Leadership:
         self.retry_interval = retry_interval
         self.keepalive_timeout = keepalive_timeout
         self.connect_timeout = connect_timeout
-        self.idle_session_timeout = idle_session_timeout
+        self.lease_duration = lease_duration
         self.on_change = on_change
         self.epoch: int | None = None
         self.lost_reason = ""
+        self.problem = ""
+        """Why this follower cannot take the lead ("" while it follows a live leader)."""
+        self.following = ""
+        """The lock holder a follower last saw, as ``pg_stat_activity`` shows it."""
         self._conn: Any = None
         self._next_try = float("-inf")
+        self._busy = asyncio.Lock()  # one query at a time on the lock session
 
     @property
     def is_leader(self) -> bool:
@@ -73,12 +89,40 @@ class Leadership:
         """The server pid of the leader session (what ``pg_terminate_backend`` takes)."""
         return None if self._conn is None else int(self._conn.get_server_pid())
 
+    @property
+    def bounds(self) -> SessionBounds:
+        return SessionBounds(
+            statement_timeout=self.keepalive_timeout,
+            transaction_bound=self.lease_duration / 2,
+            idle_session_timeout=self.lease_duration,
+            application_name=f"roost-controller {self.holder}",
+        )
+
     async def ensure(self) -> bool:
-        """Once per tick: keep leadership alive, or try to gain it when due.
+        """Keep leadership alive, or try to gain it when due: each tick, and every
+        ``retry_interval`` from `keep`.
 
         Raises `LeadershipError` when Postgres cannot be reached at all, which the loop
         reports (and /readyz turns into a 503).
         """
+        async with self._busy:
+            try:
+                return await self._ensure()
+            except LeadershipError as exc:
+                self.problem = str(exc)
+                raise
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Renew the lease (leader) or try for it (follower) every ``retry_interval``,
+        apart from the reconcile loop, whose ticks are too far apart to keep a lease."""
+        while not stop.is_set():
+            try:
+                await self.ensure()
+            except LeadershipError as exc:
+                log.warning("%s", exc)
+            await self.clock.sleep(self.retry_interval, wake=stop)
+
+    async def _ensure(self) -> bool:
         if self.is_leader:
             return await self._keepalive()
         if self.epoch is not None:
@@ -89,20 +133,9 @@ class Leadership:
         return await self._try_acquire()
 
     async def _connect(self) -> Any:
-        idle_ms = int(self.idle_session_timeout * 1000)
         try:
-            conn = await asyncpg.connect(
-                self.dsn,
-                timeout=self.connect_timeout,
-                statement_cache_size=0,
-                server_settings={
-                    "application_name": f"roost-controller {self.holder}"[:63],
-                    "idle_session_timeout": str(idle_ms),
-                    "tcp_keepalives_idle": "5",
-                    "tcp_keepalives_interval": "2",
-                    "tcp_keepalives_count": "3",
-                },
-            )
+            conn = await connect(self.dsn, self.bounds, timeout=self.connect_timeout,
+                                 statement_cache_size=0)
         except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
             raise LeadershipError(f"cannot connect to Postgres: {exc}") from exc
         conn.add_termination_listener(self._on_terminated)
@@ -115,21 +148,46 @@ class Leadership:
         try:
             got = await asyncio.wait_for(lease.try_lock(conn), self.keepalive_timeout)
             if not got:
+                await self._observe_holder(conn)
                 return False
             # Holding the lock from here on: any failure must drop the session, or the
             # lock would stay taken by a controller that does not know it leads.
+            lock_wait = min(1.0, self.keepalive_timeout / 4)
             self.epoch = await asyncio.wait_for(
-                lease.bump_epoch(conn, self.holder), self.keepalive_timeout
+                lease.bump_epoch(conn, self.holder, lock_wait=lock_wait),
+                4 * self.keepalive_timeout,  # up to three waits and a termination
             )
+        except lease.LeaseRowBlocked as exc:
+            self._drop()
+            raise LeadershipError(f"cannot take the lead: {exc}") from exc
         except (OSError, TimeoutError, asyncpg.PostgresError,
                 asyncpg.InterfaceError) as exc:
             self._drop()
-            raise LeadershipError(f"leader election failed: {exc}") from exc
-        self.lost_reason = ""
+            raise LeadershipError(f"leader election failed: {exc or type(exc).__name__}"
+                                  ) from exc
+        self.lost_reason = self.problem = self.following = ""
         log.info("leading with epoch %s as %s", self.epoch, self.holder)
         if self.on_change:
             self.on_change(True)
         return True
+
+    async def _observe_holder(self, conn: Any) -> None:
+        """Follow the lock holder, or say why not: a holder silent past the lease is a
+        session Postgres should have ended (one without our ``idle_session_timeout``,
+        say), and while it lasts nobody leads."""
+        holder = await lease.lock_holder(conn, timeout=self.keepalive_timeout)
+        if holder is None:  # released since: the next retry takes it
+            self.problem = self.following = ""
+            return
+        self.following = holder.application_name or f"pid {holder.pid}"
+        silent_for = self.lease_duration + 2 * self.retry_interval
+        if holder.quiet > silent_for:
+            self.problem = (
+                f"cannot take the lead: the leader lock is held by {holder.describe()}, "
+                f"silent past the {self.lease_duration:g}s lease, and Postgres is not "
+                "ending that session (was it opened without idle_session_timeout?)")
+        else:
+            self.problem = ""
 
     async def _keepalive(self) -> bool:
         try:

@@ -75,19 +75,24 @@ class Controller:
         self.last_error: str | None = None
         self.actions: deque[ActionRecord] = deque(maxlen=100)
         self.stopped = False
+        self.wake = asyncio.Event()
+        """Set to run the next tick now (this controller has just become leader)."""
         self._epoch_seen: int | None = None
 
     # ---- readiness -------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
         """Ready as leader and as follower; not before the first tick, after a failed
-        tick, or when the loop has not finished a tick for three intervals."""
+        tick, when the loop has not finished a tick for three intervals, or as a
+        follower that cannot take the lead from a leader that is gone (it says why)."""
         if self.stopped:
             return False, "stopped"
         if self.last_run_at is None:
             return False, "no tick has completed yet"
         if self.last_error:
             return False, self.last_error
+        if not self.leadership.is_leader and self.leadership.problem:
+            return False, self.leadership.problem
         age = self.clock.time() - self.last_run_at
         if age > 3 * self.config.interval:
             return False, f"the last tick finished {age:.0f}s ago"
@@ -96,13 +101,20 @@ class Controller:
     # ---- the loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        relay = asyncio.create_task(self._wake_on(stop))
         try:
             while not stop.is_set():
+                self.wake.clear()
                 await self.tick()
-                await self.clock.sleep(self.config.interval, wake=stop)
+                await self.clock.sleep(self.config.interval, wake=self.wake)
         finally:
+            relay.cancel()
             self.stopped = True
             await self.leadership.close()
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self.wake.set()
 
     async def tick(self) -> TickResult:
         started = self.clock.monotonic()
@@ -114,6 +126,8 @@ class Controller:
                 await self._lead(result)
             else:
                 await self._follow()
+                if self.leadership.problem:
+                    result.error = self.leadership.problem
         except StaleEpoch as exc:
             await self.leadership.step_down(str(exc))
             result.error = f"deposed: {exc}"

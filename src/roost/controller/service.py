@@ -13,7 +13,6 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-import asyncpg
 import uvicorn
 
 from roost.controller.adapters import FakeOrchestrator, StaticOrchestrator
@@ -24,6 +23,7 @@ from roost.controller.leadership import Leadership
 from roost.controller.loop import Controller
 from roost.controller.orchestrator import Orchestrator
 from roost.store.migrations import migrate_dsn
+from roost.store.session import SessionBounds, create_pool
 
 log = logging.getLogger("roost.controller")
 
@@ -58,6 +58,14 @@ def build_orchestrators(config: ControllerConfig, clock: Clock) -> dict[str, Orc
     return out
 
 
+def pool_bounds(config: ControllerConfig) -> SessionBounds:
+    """Every pooled controller connection: queries bounded by io_timeout, transactions
+    (a fenced write's share lock on the lease row among them) by half a lease."""
+    return SessionBounds(statement_timeout=config.io_timeout,
+                         transaction_bound=config.lease_duration / 2,
+                         application_name=f"roost-controller {config.holder_name} pool")
+
+
 async def serve(
     config: ControllerConfig,
     *,
@@ -76,7 +84,7 @@ async def serve(
             applied = await migrate_dsn(config.dsn)
             for m in applied:
                 log.info("applied migration %04d %s", m.version, m.name)
-        db = await asyncpg.create_pool(config.dsn, min_size=1, max_size=4)
+        db = await create_pool(config.dsn, pool_bounds(config), connect_timeout=config.io_timeout)
     except BaseException:
         for adapter in adapters.values():
             await adapter.close()
@@ -84,15 +92,18 @@ async def serve(
     leadership = Leadership(
         config.dsn, holder=config.holder_name, clock=clock,
         retry_interval=config.follower_retry, keepalive_timeout=config.keepalive_timeout,
-        idle_session_timeout=max(10.0, 3 * config.interval),
+        lease_duration=config.lease_duration,
     )
     controller = Controller(db=db, leadership=leadership, orchestrators=adapters,
                             config=config, clock=clock)
+    # A new leader ticks at once rather than at the end of a follower's interval.
+    leadership.on_change = lambda leading: controller.wake.set() if leading else None
     server = uvicorn.Server(uvicorn.Config(
         build_app(controller), host=config.http_host, port=config.http_port,
         log_level="warning", lifespan="off", access_log=False,
     ))
     loop_task = asyncio.create_task(controller.run(stop), name="controller-loop")
+    lease_task = asyncio.create_task(leadership.keep(stop), name="controller-lease")
     http_task = asyncio.create_task(server.serve(), name="controller-http")
     log.info("controller %s on http://%s:%s (shadow=%s)", config.holder_name,
              config.http_host, config.http_port, config.shadow)
@@ -108,7 +119,7 @@ async def serve(
     finally:
         stop.set()
         server.should_exit = True
-        for task in (loop_task, http_task):
+        for task in (lease_task, loop_task, http_task):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for adapter in adapters.values():

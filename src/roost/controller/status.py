@@ -67,6 +67,10 @@ class StatusDoc(_Doc):
     plan: PlanDoc | None
     scale_actions: list[ScaleActionDoc]
     lost_leadership_reason: str = ""
+    following: str = ""
+    """A follower: the leader lock's holder as Postgres names it (application_name)."""
+    leadership_problem: str = ""
+    """A follower: why it cannot take the lead from a leader that is gone ("" if none)."""
     orchestrators: dict[str, dict[str, Any]] = {}
     """What each adapter that offers a ``report()`` says about itself (the kubernetes
     adapter: per pool, its Deployment, revisions, recent removals and mismatches)."""
@@ -171,5 +175,7 @@ def status_doc(c: Controller, *, pools: set[str] | None = None) -> StatusDoc:
         plan=_plan(c, pools),
         scale_actions=[_action(r) for r in reversed(c.actions) if keep(r.pool_id)],
         lost_leadership_reason=c.leadership.lost_reason,
+        following="" if c.leadership.is_leader else c.leadership.following,
+        leadership_problem="" if c.leadership.is_leader else c.leadership.problem,
         orchestrators=_reports(c),
     )

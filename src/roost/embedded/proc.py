@@ -85,3 +85,39 @@ def stop_process(
         proc.wait(10)
     except ProcessLookupError:
         pass
+
+
+def describe_exit(returncode: int) -> str:
+    """``exited with code 1``, ``was killed by SIGKILL``: how a child ended."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def live_process_named(pid: int, name: str) -> bool:
+    """Whether ``pid`` is a running (not zombie) process whose command is ``name``.
+
+    A pid in a lock file may belong to a process that died (a zombie still answers
+    ``kill(pid, 0)``), or have been reused by another program since. Where /proc is
+    missing, any live pid counts, which errs on the side of leaving the lock alone.
+    """
+    stat_file = Path(f"/proc/{pid}/stat")
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        raw = stat_file.read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    comm = raw[raw.index("(") + 1:raw.rindex(")")]
+    state = raw[raw.rindex(")") + 2:].split()[0]
+    return state not in ("Z", "X") and comm == name

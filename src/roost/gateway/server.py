@@ -170,6 +170,8 @@ class Gateway:
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             await asyncio.gather(self._serving, return_exceptions=True)
+        if self.service is not None:
+            await self.service.tokens.close()  # its claims go quiet: taken over after a lease
         if self._index is not None:
             await self._index.stop()
         if self._nc is not None and not self._nc.is_closed:

@@ -4,7 +4,9 @@ Every function opens a transaction that first takes a share lock on the lease ro
 checks its epoch, then writes. A new leader bumps the epoch with an UPDATE of that row,
 which waits for any fenced write in flight, so a deposed leader's write either commits
 before the new leadership begins or fails with `StaleEpoch`. There is no window in
-between.
+between. The wait is bounded: the controller's sessions end any transaction after half a
+lease (`roost.store.session`), and the new leader terminates whatever still holds the
+row after a short lock wait (`roost.store.lease.bump_epoch`).
 
 The worker runtime must claim tasks only while its row says ``status = 'active'`` and
 with that row locked, so a claim and a drain mark serialize: once `mark_draining`

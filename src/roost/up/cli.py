@@ -27,6 +27,7 @@ from roost.up.cluster import (
     build_components,
     new_credentials,
 )
+from roost.up.supervise import Supervisor
 
 DEFAULT_PORT = 8773
 DEFAULT_NATS_PORT = 4222
@@ -131,7 +132,10 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
             cluster.abandon_start()
         if await starting and not stop.is_set():
             click.echo(on_ready())
-            await stopping
+            # Components that die (Postgres, NATS, the controller) come back, and the
+            # terminal is told; a restart under way finishes before the stop begins.
+            supervisor = Supervisor(cluster.started, say=lambda m: click.echo(m, err=True))
+            await supervisor.run(stop)
             click.echo("\nstopping roost ...", err=True)
     finally:
         stopping.cancel()

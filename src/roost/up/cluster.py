@@ -29,7 +29,7 @@ from roost.decide.placement import DEFAULT_POLICY
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
 from roost.embedded import NatsServer, PostgresServer
-from roost.embedded.proc import port_open, wait_until
+from roost.embedded.proc import describe_exit, port_open, wait_until
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.isolation import Level
@@ -71,6 +71,12 @@ class NatsComponent:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.server.stop)
+
+    def exited(self) -> str | None:
+        """How nats-server ended, once it has (reaping it); None while it runs."""
+        proc = self.server.proc
+        code = None if proc is None else proc.poll()
+        return None if code is None else f"(pid {self.server.pid}) {describe_exit(code)}"
 
 
 class NodesComponent:
@@ -123,6 +129,11 @@ class PostgresComponent:
     async def stop(self) -> None:
         await asyncio.to_thread(self.server.stop)
 
+    def exited(self) -> str | None:
+        """How the postmaster ended, once it has (reaping it); None while it runs."""
+        code = self.server.exited()
+        return None if code is None else f"(pid {self.server.pid}) {describe_exit(code)}"
+
 
 class ControllerComponent:
     """The capacity controller in this process, on the cluster's Postgres, with the
@@ -173,7 +184,18 @@ class ControllerComponent:
     async def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
+            if self._task.done():  # it died: what it died of was reported already
+                if not self._task.cancelled():
+                    self._task.exception()
+                return
             await asyncio.wait_for(self._task, 30)
+
+    def exited(self) -> str | None:
+        task = self._task
+        if task is None or not task.done():
+            return None
+        exc = None if task.cancelled() else task.exception()
+        return "stopped" if exc is None else f"failed: {type(exc).__name__}: {exc}"
 
 
 class DashboardComponent:
@@ -233,6 +255,11 @@ class LocalCluster:
             await self.stop()
             raise
         return True
+
+    @property
+    def started(self) -> list[Component]:
+        """The components running now, in start order."""
+        return list(self._started)
 
     def abandon_start(self) -> None:
         """Start no further component. The one starting now finishes (its start is

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
+from roost.store.session import SessionBounds, connect
 
 _MODULE = re.compile(r"v(\d{4})_([a-z0-9_]+)")
 _LOCK = (0x726F6F73, 1)  # ('roos', 1): schema migrations
@@ -101,7 +101,11 @@ async def migrate(conn: Any, migrations: list[Migration] | None = None) -> list[
 
 
 async def migrate_dsn(dsn: str) -> list[Migration]:
-    conn = await asyncpg.connect(dsn)
+    """Migrate over a connection of its own, bounded like every controller session: a
+    migration waits for another controller's (the advisory lock), never forever."""
+    bounds = SessionBounds(statement_timeout=120.0, transaction_bound=120.0,
+                           application_name="roost migrate")
+    conn = await connect(dsn, bounds, timeout=10.0)
     try:
         return await migrate(conn)
     finally:
