@@ -223,7 +223,7 @@ def run_point(curve: Curve, pt: Point, base: SimConfig, *,
         r = measure(work, pool, name, SLO_SECONDS)
         results[name] = r
     hpa = results.get("hpa", {}).get("replica_seconds")
-    ratio = (results["roost"]["replica_seconds"] / hpa) if hpa else None
+    ratio = (results["roost"]["replica_seconds"] / hpa) if hpa and "roost" in results else None
     return {
         "curve": curve.name, "kind": curve.kind, "resolution": curve.resolution,
         "peak": pt.peak, "startup": pt.startup, "service_mean": pt.service,

@@ -174,7 +174,8 @@ class Controller:
             self.history = {}  # a new leadership observes its windows afresh
             self._epoch_seen = epoch
         snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
-                                       timeout=self.config.io_timeout)
+                                       timeout=self.config.io_timeout,
+                                       rate_window=self.settings.rate_window)
         self._watch_clock(None if snapshot.db is None else snapshot.db.clock_offset)
         now = self.clock.time()
         p = plan(snapshot, self.history, now=now, settings=self.settings)
