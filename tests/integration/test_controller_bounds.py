@@ -3,12 +3,16 @@ the real reconcile loop: real Postgres, the fake orchestrator, a fake clock."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
 
+from roost.controller.clock import SystemClock
 from roost.controller.status import status_doc
+from roost.store import notify
 from roost.store import pools as pools_q
 from tests.integration.test_controller_helpers import (
     BIG_NODE,
@@ -104,3 +108,36 @@ async def test_scale_down_drains_k_workers_then_removes_them_at_once(rig: Rig) -
     assert all(rows[w]["status"] == "gone" and rows[w]["removal_target"] == 3
                for w in draining)
     assert c.last_plan is not None and "budget spent" in c.last_plan.pool("p").reason
+
+
+async def test_tasks_for_an_idle_pool_wake_the_controller_at_once(pg_dsn: str) -> None:
+    """Scale-from-zero: a 30 s tick interval, and the first task of an idle pool is
+    acted on within a second or two (the NOTIFY on insert ends the wait)."""
+    rig = Rig(pg_dsn, await open_db(pg_dsn), clock=SystemClock())  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    try:
+        c = rig.controller(interval=30, scale_up_window=0)
+        await rig.add_pool(replicas=0)
+        listener = await notify.listen_tasks(pg_dsn, c.task_created)
+        assert listener is not None
+        run = asyncio.create_task(c.run(stop))
+        for _ in range(200):  # the first tick: leader, the pool idle
+            if c.last_plan is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert c.last_plan is not None and c.last_plan.pool("p").current_replicas == 0
+        submitted = time.monotonic()
+        await enqueue(rig.db, "p", 1)
+        # the fake records calls in a list, with no event to wait on
+        while not scale_calls(rig) and time.monotonic() - submitted < 10:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        woke = time.monotonic() - submitted
+        assert scale_calls(rig) == [("scale_pool", "p", 1)]
+        assert woke < 5, woke  # not the 30 s interval
+        print(f"wake: first task submitted -> scale_pool(1) in {woke:.3f}s")
+        stop.set()
+        await run
+        await listener.close()
+    finally:
+        stop.set()
+        await rig.close()

@@ -23,6 +23,7 @@ from roost.controller.http import build_app
 from roost.controller.leadership import Leadership
 from roost.controller.loop import Controller
 from roost.controller.orchestrator import Orchestrator
+from roost.store import notify
 from roost.store.migrations import migrate_dsn
 
 log = logging.getLogger("roost.controller")
@@ -92,6 +93,7 @@ async def serve(
         build_app(controller), host=config.http_host, port=config.http_port,
         log_level="warning", lifespan="off", access_log=False,
     ))
+    listener = await notify.listen_tasks(config.dsn, controller.task_created)
     loop_task = asyncio.create_task(controller.run(stop), name="controller-loop")
     http_task = asyncio.create_task(server.serve(), name="controller-http")
     log.info("controller %s on http://%s:%s (shadow=%s)", config.holder_name,
@@ -111,6 +113,8 @@ async def serve(
         for task in (loop_task, http_task):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if listener is not None:
+            await listener.close()
         for adapter in adapters.values():
             await adapter.close()
         await db.close()
