@@ -17,7 +17,17 @@ from roost.decide.snapshot import (
     WorkerStatus,
     pool_spec_problems,
 )
-from tests.unit.test_plan_helpers import NOW, SETTINGS, held, pool, run, snap, spec, worker
+from tests.unit.test_plan_helpers import (
+    NOW,
+    SETTINGS,
+    db,
+    held,
+    pool,
+    run,
+    snap,
+    spec,
+    worker,
+)
 
 D = WorkerStatus.DRAINING
 S = PlanSettings(startup_default=30.0, drain_horizon=60.0)
@@ -175,3 +185,26 @@ def test_bad_bounds_are_named(change: dict[str, int], words: str) -> None:
 def test_history_keeps_what_the_bounds_need() -> None:
     h = run(snap(pool()), {"p": PoolHistory()}, settings=SETTINGS).history["p"]
     assert h.targets == ((NOW, 2),) and h.estimates.ready == 2
+
+
+def test_a_pool_that_grows_again_soon_after_shrinking_holds_longer() -> None:
+    s = spec(disruption_replicas=5)
+    settings = replace(SETTINGS, flap_window=300.0)
+    idle = run(snap(_idle(4, disruption_replicas=5)), {"p": held(0)},  # type: ignore[arg-type]
+               settings=settings).pool("p")
+    assert [x for x in idle.steps if isinstance(x, MarkDraining)]
+    assert idle.history.shrunk_at == NOW
+    # 60 s later demand is back: the pool grows, and is now flapping
+    back = run(snap(pool(s, queued=50, replicas=1, infra_at=NOW + 60), read_at=NOW + 60,
+                    health=db(at=NOW + 60)),
+               {"p": replace(held(50, seconds=40), shrunk_at=NOW)}, settings=settings,
+               now=NOW + 60).pool("p")
+    assert any(isinstance(x, ScaleUp) for x in back.steps)
+    assert back.history.flap_until == NOW + 60 + 300
+    # demand gone again: a flapping pool waits the flap window, not the 60 s one
+    later = NOW + 200
+    h = replace(back.history, samples=tuple((later - 10 * k, 0) for k in range(12, 0, -1)))
+    calm = run(snap(pool(s, replicas=10, infra_at=later), read_at=later, health=db(at=later)),
+               {"p": h}, settings=settings,
+               now=later).pool("p")
+    assert calm.desired_replicas == 10 and "300s" in calm.reason

@@ -66,6 +66,11 @@ class PoolHistory:
     targets: tuple[tuple[float, int], ...] = ()
     drains: tuple[tuple[float, str], ...] = ()
     estimates: Estimates = field(default_factory=Estimates)
+    shrunk_at: float | None = None
+    """When the plan last began a scale-down (drained a worker)."""
+    flap_until: float | None = None
+    """Until then the pool scales down only after `PlanSettings.flap_window`: it had to
+    grow again soon after it shrank."""
 
     def add(self, now: float, outstanding: int, keep: float) -> PoolHistory:
         samples = [*self.samples, (now, outstanding)]
@@ -190,29 +195,42 @@ def scale_down_window(replicas: int, s: PlanSettings) -> float:
     return s.scale_down_window * max(1.0, s.small_pool_replicas / max(replicas, 1))
 
 
+def down_window(current: int, hist: PoolHistory, now: float, s: PlanSettings) -> float:
+    """The stabilization before a scale-down: `scale_down_window`, or the longer
+    ``flap_window`` while the pool is flapping (it grew again within ``flap_window`` of
+    a scale-down: demand that recurs, such as bursts every few minutes, would find it
+    shrunk each time)."""
+    base = scale_down_window(current, s)
+    if hist.flap_until is not None and now < hist.flap_until:
+        return max(base, s.flap_window)
+    return base
+
+
 def _windowed(p: PoolInputs, hist: PoolHistory, current: int, effective: int, now: float,
               s: PlanSettings) -> tuple[int, str]:
     """Replicas demand justifies after the windows, before min/max and caps."""
     assert p.demand is not None
     target = p.spec.target_per_replica
     raw = raw_desired(effective, target)
-    up = hist.window(now, s.scale_up_window)
-    down_window = scale_down_window(current, s)
-    down = hist.window(now, down_window)
+    flapping = hist.flap_until is not None and now < hist.flap_until
+    up_wait = 0.0 if flapping else s.scale_up_window
+    up = hist.window(now, up_wait)
+    wait = down_window(current, hist, now, s)
+    down = hist.window(now, wait)
     if raw > current:
         low = raw_desired(min(up), target) if up else None
         if low is not None and low > current:
-            return low, f"demand above {current} for {s.scale_up_window:.0f}s"
+            return low, f"demand above {current} for {up_wait:.0f}s"
         return current, f"scale-up window: demand {raw} > {current} not yet held for " \
-                        f"{s.scale_up_window:.0f}s"
+                        f"{up_wait:.0f}s"
     if raw < current:
         high = raw_desired(max(down), target) if down else None
         if high is None or high >= current:
             return current, f"stabilization: demand {raw} < {current} not yet held for " \
-                            f"{down_window:.0f}s"
+                            f"{wait:.0f}s"
         if p.demand.queued:
             return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
-        return high, f"demand below {current} for {down_window:.0f}s, queue empty"
+        return high, f"demand below {current} for {wait:.0f}s, queue empty"
     return current, "demand matches replicas"
 
 
@@ -258,7 +276,7 @@ def _tracks(p: PoolInputs, prev: PoolHistory, now: float, s: PlanSettings) -> Po
 
 def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: float,
            s: PlanSettings) -> _Draft:
-    keep = max(s.scale_up_window, scale_down_window(1, s))
+    keep = max(s.scale_up_window, scale_down_window(1, s), s.flap_window)
     tracked = _tracks(p, prev, now, s)
     current = p.infra.target_replicas if p.infra is not None else None
     sizing: Sizing | None = None
@@ -342,6 +360,8 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
                 reason = f"{reason}; capped at {desired} by {', '.join(capped)}"
             if growth.granted:
                 steps.append(ScaleUp(spec.pool_id, desired))
+                if history.shrunk_at is not None and now - history.shrunk_at <= s.flap_window:
+                    history = replace(history, flap_until=now + s.flap_window)
     note = ""
     if d.p.workers is not None:
         # Frozen pools still get here: a drain past its timeout is re-activated even
@@ -358,7 +378,7 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
         note = drain.note
         marks = tuple((now, x.worker_id) for x in drain.steps if isinstance(x, MarkDraining))
         if marks:
-            history = replace(history, drains=(*history.drains, *marks))
+            history = replace(history, drains=(*history.drains, *marks), shrunk_at=now)
     if note:
         reason = f"{reason}; {note}"
     return PoolPlan(

@@ -219,6 +219,9 @@ class PlanSettings:
     can is sized to drain within this many seconds of new replicas starting."""
     growth_period: float = 15.0
     disruption_period: float = 60.0
+    flap_window: float = 300.0
+    """A pool that grows again within this long of a scale-down waits this long (HPA's
+    stabilization) before its next scale-down, for as long again."""
 
     def validate(self) -> None:
         """Raise ValueError on settings that would make the plan meaningless."""
@@ -227,7 +230,8 @@ class PlanSettings:
                      "startup_default"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        for name in ("rate_window", "drain_horizon", "growth_period", "disruption_period"):
+        for name in ("rate_window", "drain_horizon", "growth_period", "disruption_period",
+                     "flap_window"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.small_pool_replicas < 1:
