@@ -43,6 +43,15 @@ _HELP = {
     "small_pool_replicas": "Below this many replicas the scale-down window grows to "
                            "window x this / replicas (1: off).",
     "drain_timeout": "Seconds a draining worker may take before it is re-activated.",
+    "rate_window": "Seconds over which arrivals per second and the service time are read.",
+    "drain_horizon": "Seconds within which new replicas should drain the backlog the "
+                     "pool cannot clear by itself.",
+    "startup_default": "Replica start-up time assumed until a pool has shown its own.",
+    "flap_window": "A pool that grows again this soon after a scale-down waits this long "
+                   "before its next one.",
+    "growth_period": "Period of each pool's growth bound (growth_replicas/percent).",
+    "disruption_period": "Period of each pool's disruption budget "
+                         "(disruption_replicas/percent).",
     "memory_target_percent": "Stop growing when the pool's nodes reach this memory use.",
     "memory_hard_percent": "Never place a worker that takes a node past this memory use.",
     "cpu_target_percent": "Stop growing when the pool's nodes reach this CPU use.",
