@@ -116,7 +116,7 @@ async def test_tasks_for_an_idle_pool_wake_the_controller_at_once(pg_dsn: str) -
     rig = Rig(pg_dsn, await open_db(pg_dsn), clock=SystemClock())  # type: ignore[arg-type]
     stop = asyncio.Event()
     try:
-        c = rig.controller(interval=30, scale_up_window=0)
+        c = rig.controller(interval=30)  # the default 30 s up-window: zero skips it
         await rig.add_pool(replicas=0)
         listener = await notify.listen_tasks(pg_dsn, c.task_created)
         assert listener is not None

@@ -208,3 +208,10 @@ def test_a_pool_that_grows_again_soon_after_shrinking_holds_longer() -> None:
                {"p": h}, settings=settings,
                now=later).pool("p")
     assert calm.desired_replicas == 10 and "300s" in calm.reason
+
+
+def test_an_idle_pool_scales_from_zero_without_the_window() -> None:
+    p = run(snap(pool(spec(growth_replicas=4), queued=30, replicas=0, workers=[])),
+            {"p": held(0)}).pool("p")
+    assert p.desired_replicas == 4  # 6 wanted, the growth bound allows 4 from zero
+    assert "scale from zero" in p.reason and p.steps == (ScaleUp("p", 4),)

@@ -217,6 +217,8 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, effective: int, no
     up = hist.window(now, up_wait)
     wait = down_window(current, hist, now, s)
     down = hist.window(now, wait)
+    if raw > current == 0:
+        return raw, "scale from zero: no window (an idle pool has no capacity to wait with)"
     if raw > current:
         low = raw_desired(min(up), target) if up else None
         if low is not None and low > current:
