@@ -215,3 +215,14 @@ def test_an_idle_pool_scales_from_zero_without_the_window() -> None:
             {"p": held(0)}).pool("p")
     assert p.desired_replicas == 4  # 6 wanted, the growth bound allows 4 from zero
     assert "scale from zero" in p.reason and p.steps == (ScaleUp("p", 4),)
+
+
+def test_an_orchestrator_that_removes_one_at_a_time_gets_batches_of_one() -> None:
+    ws = [worker("a"), worker("b", status=D, draining_since=NOW - 20),
+          worker("c", status=D, draining_since=NOW - 20)]
+    inputs = pool(spec(disruption_replicas=3), workers=ws, replicas=3)
+    assert inputs.infra is not None
+    inputs = replace(inputs, infra=replace(inputs.infra, removal_batch=1))
+    p = run(snap(inputs), {"p": held(0)}).pool("p")
+    assert [x for x in p.steps if isinstance(x, RemoveReplica)] == [
+        RemoveReplica("p", "b", "i-b", 2)]

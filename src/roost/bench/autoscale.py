@@ -16,9 +16,11 @@ outstanding tasks per replica:
   function the controller calls, with the history it returned last tick. The steps are
   applied as the controller's actuator applies them: ``ScaleUp`` asks for more replicas,
   ``MarkDraining`` makes a worker take no new tasks, ``RemoveReplica`` (issued by the
-  plan only once that worker reports nothing running) gives its instance the lowest
-  termination priority and asks for one replica fewer, so the drained one goes;
-  ``Reactivate`` gives a worker its tasks back.
+  plan only once its workers report nothing running) gives their instances the lowest
+  termination priority and asks once for that many replicas fewer, so the drained ones
+  go; ``Reactivate`` gives a worker its tasks back. The demand model gets what the
+  controller's query reads: tasks created per second and the mean run time of the
+  tasks finished, over the last ``rate_window`` seconds.
 - **hpa**: Kubernetes' HPA algorithm every 15 s: ``desired = ceil(current *
   metric / target)`` with the metric outstanding (queued + running) tasks per replica,
   no change within a 0.1 tolerance, a 300 s scale-down stabilization (the highest

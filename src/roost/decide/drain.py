@@ -138,6 +138,8 @@ def decide_drain(
         left = order[:excess]
     notes: list[str] = []
     done = sorted((w for w in left if drained(w, now, settings)), key=lambda w: w.worker_id)
+    if infra is not None and infra.removal_batch is not None:
+        done = done[:max(1, infra.removal_batch)]
     if done:
         wait = _removal_blocker(done, infra, current)
         if wait:

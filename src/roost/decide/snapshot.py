@@ -135,6 +135,10 @@ class Infra:
     instances: tuple[InstanceView, ...]
     nodes: tuple[NodeFigures, ...]
     observed_at: float
+    removal_batch: int | None = None
+    """The most replicas the orchestrator removes safely in one request (None: any
+    number). The Kubernetes adapter can verify one marked pod per scale-down, so it
+    says 1: drains still run in parallel, removals go one per tick."""
 
     @property
     def settled(self) -> bool:
