@@ -93,3 +93,27 @@ async def test_controller_rejects_bad_settings(tmp_path: Path) -> None:
     cfg.write_text("[controller]\nintervall = 5\n")
     res = await invoke(controller, "--config", str(cfg), "--print-config")
     assert res.exit_code == 2 and "intervall" in res.output
+
+
+async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
+    assert (await invoke(db, "migrate", "--dsn", pg_dsn)).exit_code == 0
+    env = {"ROOST_DSN": pg_dsn}
+    base = ["--max", "8", "--target", "4", "--cpu-milli", "500", "--memory-mib", "1024",
+            "--db-pool-size", "3", "--orchestrator", "static"]
+    for flag, value, words in [
+        ("--growth-replicas", "0", "growth_replicas must be >= 1"),
+        ("--disruption-replicas", "0", "disruption_replicas must be >= 1"),
+        ("--disruption-replicas", "-3", "disruption_replicas must be >= 1"),
+        ("--growth-percent", "-5", "growth_percent must be >= 0"),
+    ]:
+        res = await invoke(pools, "create", "bad", *base, flag, value, env=env)
+        assert res.exit_code == 1 and words in res.output, res.output
+    made = await invoke(pools, "create", "ok", *base, "--growth-replicas", "8",
+                        "--disruption-percent", "50", "--json", env=env)
+    assert made.exit_code == 0, made.output
+    [row] = json.loads(made.output)
+    assert (row["growth_replicas"], row["disruption_percent"]) == (8, 50)
+    upd = await invoke(pools, "update", "ok", "--disruption-replicas", "0", env=env)
+    assert upd.exit_code == 1 and "disruption_replicas must be >= 1" in upd.output
+    listed = await invoke(pools, "list", "--json", env=env)
+    assert json.loads(listed.output)[0]["disruption_replicas"] == 2  # unchanged

@@ -31,10 +31,13 @@ async def open_db(dsn: str) -> Any:
 
 
 def pool_spec(pool_id: str = "p", **kw: Any) -> PoolSpec:
+    """A pool without a growth bound to speak of and with a disruption budget of one
+    worker at a time, so each rule shows alone (test_controller_bounds.py has both)."""
     base: dict[str, Any] = dict(min_replicas=0, max_replicas=10, target_per_replica=1,
                                 worker_cpu_milli=1000, worker_mem_mib=1024,
                                 worker_db_pool_size=2, orchestrator="fake",
-                                orchestrator_ref=pool_id)
+                                orchestrator_ref=pool_id, growth_replicas=1000,
+                                disruption_replicas=1, disruption_percent=0)
     base.update(kw)
     return PoolSpec(pool_id=pool_id, **base)
 

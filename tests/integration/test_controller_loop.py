@@ -4,8 +4,8 @@ windows, drain-safe scale-down, freezes and shadow mode, tick by tick."""
 from __future__ import annotations
 
 import logging
-import re
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 

@@ -34,8 +34,11 @@ SETTINGS = PlanSettings(
 
 
 def spec(pool_id: str = "p", **kw: object) -> PoolSpec:
+    """A pool with no growth bound to speak of and a disruption budget of one worker at
+    a time, so each rule shows alone; test_plan_bounds.py covers both bounds."""
     base = PoolSpec(pool_id, min_replicas=0, max_replicas=10, target_per_replica=5,
-                    worker_cpu_milli=1000, worker_mem_mib=1024, worker_db_pool_size=2)
+                    worker_cpu_milli=1000, worker_mem_mib=1024, worker_db_pool_size=2,
+                    growth_replicas=1000, disruption_replicas=1, disruption_percent=0)
     return replace(base, **kw)  # type: ignore[arg-type]
 
 

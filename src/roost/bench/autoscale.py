@@ -16,9 +16,11 @@ outstanding tasks per replica:
   function the controller calls, with the history it returned last tick. The steps are
   applied as the controller's actuator applies them: ``ScaleUp`` asks for more replicas,
   ``MarkDraining`` makes a worker take no new tasks, ``RemoveReplica`` (issued by the
-  plan only once that worker reports nothing running) gives its instance the lowest
-  termination priority and asks for one replica fewer, so the drained one goes;
-  ``Reactivate`` gives a worker its tasks back.
+  plan only once its workers report nothing running) gives their instances the lowest
+  termination priority and asks once for that many replicas fewer, so the drained ones
+  go; ``Reactivate`` gives a worker its tasks back. The demand model gets what the
+  controller's query reads: tasks created per second and the mean run time of the
+  tasks finished, over the last ``rate_window`` seconds.
 - **hpa**: Kubernetes' HPA algorithm every 15 s: ``desired = ceil(current *
   metric / target)`` with the metric outstanding (queued + running) tasks per replica,
   no change within a 0.1 tolerance, a 300 s scale-down stabilization (the highest
@@ -132,21 +134,38 @@ class Workload:
 
 
 def make_workload(rates: Sequence[float], *, service_mean: float, service_sigma: float,
-                  seed: int) -> Workload:
-    """Poisson arrivals within each minute and lognormal service times (mean
-    ``service_mean``; ``service_sigma`` 0 means fixed), from one seeded generator."""
+                  seed: int, resolution: float = 60.0) -> Workload:
+    """Poisson arrivals within each ``resolution``-second bucket of ``rates`` (tasks/s)
+    and lognormal service times (mean ``service_mean``; ``service_sigma`` 0 means
+    fixed), from one seeded generator."""
     rng = np.random.default_rng(seed)
-    parts = []
-    for m, rate in enumerate(rates):
-        n = int(rng.poisson(rate * 60.0))
-        parts.append(np.sort(rng.uniform(60.0 * m, 60.0 * (m + 1), n)))
-    arrivals = np.concatenate(parts) if parts else np.zeros(0)
+    counts = rng.poisson(np.asarray(rates, dtype=np.float64) * resolution)
+    starts = np.repeat(np.arange(len(rates), dtype=np.float64) * resolution, counts)
+    arrivals = np.sort(starts + rng.uniform(0.0, resolution, len(starts)))
+    return with_service(arrivals, per_minute(rates, resolution), service_mean=service_mean,
+                        service_sigma=service_sigma, rng=rng)
+
+
+def per_minute(rates: Sequence[float], resolution: float) -> list[float]:
+    """Mean rate per minute of rates given per ``resolution`` seconds."""
+    if resolution == 60.0:
+        return list(rates)
+    per = max(1, round(60.0 / resolution))
+    a = np.asarray(rates, dtype=np.float64)
+    pad = (-len(a)) % per
+    a = np.concatenate([a, np.zeros(pad)]).reshape(-1, per)
+    return [float(x) for x in a.mean(axis=1)]
+
+
+def with_service(arrivals: npt.NDArray[np.float64], minute_rates: Sequence[float], *,
+                 service_mean: float, service_sigma: float,
+                 rng: np.random.Generator) -> Workload:
     if service_sigma > 0:
         mu = math.log(service_mean) - service_sigma ** 2 / 2
         service = rng.lognormal(mu, service_sigma, len(arrivals))
     else:
         service = np.full(len(arrivals), service_mean)
-    return Workload(arrivals, service, list(rates))
+    return Workload(arrivals, service, list(minute_rates))
 
 
 # ---------------------------------------------------------------------------- the pool
@@ -198,6 +217,9 @@ class Pool:
         self.actions: list[int] = []  # +1 / -1 per change of the asked replica count
         self.replica_seconds = 0.0
         self.minute_replicas = np.zeros(len(work.rates) + 1)
+        self.peak_replicas = initial
+        self.completions: deque[tuple[float, float]] = deque()
+        """(finish time, service seconds) of recent completions, for the estimate."""
         self._last = 0.0
         self._add(initial, ready_at=0.0)
         self.target = initial
@@ -239,6 +261,18 @@ class Pool:
         running = sum(len(w.running) for w in self.workers.values())
         return len(self.queue), running
 
+    def rates(self, window: float) -> tuple[float, float | None]:
+        """What the controller's query reads: tasks created per second over the last
+        ``window`` seconds, and the mean run time of the tasks completed in it."""
+        arrivals = self.work.arrivals
+        n = int(np.searchsorted(arrivals, self.now, side="right")
+                - np.searchsorted(arrivals, self.now - window, side="right"))
+        while self.completions and self.completions[0][0] <= self.now - window:
+            self.completions.popleft()
+        service = (sum(x for _, x in self.completions) / len(self.completions)
+                   if self.completions else None)
+        return n / window, service
+
     def _record(self, before: int, after: int) -> None:
         if after != before:
             self.actions.append(1 if after > before else -1)
@@ -251,6 +285,7 @@ class Pool:
         self._record(self.target, replicas)
         if replicas > len(self.workers):
             self._add(replicas - len(self.workers), ready_at=self.now + self.cfg.startup)
+            self.peak_replicas = max(self.peak_replicas, len(self.workers))
         while len(self.workers) > replicas:
             ws = list(self.workers.values())
             low = min(w.priority for w in ws)
@@ -332,7 +367,9 @@ class RoostPolicy:
         infra = Infra(pool.target, instances, (self.node,), now)
         db = DbHealth(max_connections=100_000, reserved_connections=3, sync_peers=0,
                       in_recovery=False, observed_at=now)
-        inputs = PoolInputs(self.spec, Demand(queued, running), tuple(views), infra)
+        rate, service = pool.rates(self.settings.rate_window)
+        inputs = PoolInputs(self.spec, Demand(queued, running, rate, service), tuple(views),
+                            infra)
         return Snapshot((inputs,), db, now)
 
     def tick(self, pool: Pool) -> None:
@@ -351,13 +388,15 @@ class RoostPolicy:
                     w.status, w.draining_since, w.priority = WorkerStatus.ACTIVE, None, 0
                     pool.offer(w)
                 case RemoveReplica():
-                    w = pool.workers[step.worker_id]
+                    victims = [pool.workers[wid] for wid, _ in step.victims]
                     if step.replicas is not None:
-                        w.removal_target = step.replicas
-                        w.priority = step.priority
+                        for w in victims:
+                            w.removal_target = step.replicas
+                            w.priority = step.priority
                         pool.scale_to(step.replicas)
-                    # mark gone: the simulated orchestrator removed it at once
-                    pool.workers.pop(step.worker_id, None)
+                    # mark gone: the simulated orchestrator removed them at once
+                    for w in victims:
+                        pool.workers.pop(w.worker_id, None)
 
 
 class HpaPolicy:
@@ -447,6 +486,7 @@ def simulate(work: Workload, policy: Policy, cfg: SimConfig,
                 w.running.discard(task)
                 pool.offer(w)
             pool.done += 1
+            pool.completions.append((pool.now, float(work.service[task])))
             pool.dispatch()
         elif kind == READY:
             w = pool.workers.get(payload)
@@ -501,6 +541,7 @@ def measure(work: Workload, pool: Pool, policy: str, slo_seconds: float) -> dict
         "scale_actions": len(pool.actions),
         "direction_reversals": _reversals(pool.actions),
         "tasks_killed": pool.killed,
+        "peak_replicas": pool.peak_replicas,
         "replicas_per_minute": [round(float(x) / 60.0, 2)
                                 for x in pool.minute_replicas[:len(work.rates)]],
     }
@@ -608,13 +649,30 @@ def _markdown(doc: dict[str, Any]) -> str:
               default=None, help="Write the results here (.md and .png beside it).")
 @click.option("--quick", is_flag=True,
               help=f"A smoke run: {QUICK_MINUTES} minutes at peak 10 tasks/s.")
+@click.option("--suite", is_flag=True,
+              help="Replay every curve of the suite (roost.bench.suite) with the default "
+              "settings; writes suite.json, suite.md and a plot per curve to --out.")
+@click.option("--full", is_flag=True,
+              help="With --suite: the whole matrix (adds WorldCup98 at peak 100: slow).")
+@click.option("--only", default=None,
+              help="With --suite: comma-separated curve names to run (default: all).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
+              default=Path("bench-results/autoscale-suite"), show_default=True,
+              help="With --suite: where the results go.")
 def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[str, ...],
               peak: float, minutes: int, start: int | None, service_mean: float,
               service_sigma: float, slots: int, target_per_replica: int, startup: float,
               interval: float, up_window: float, down_window: float,
               small_pool_replicas: int, slo_seconds: float, seed: int,
-              json_out: Path | None, quick: bool) -> None:
+              json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
+              out_dir: Path) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
+    if suite:
+        from roost.bench.suite_cli import run_suite
+
+        run_suite(data_dir or default_data_dir(), out_dir, full=full, seed=seed,
+                  only=None if only is None else set(only.split(",")))
+        return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE
     if not demand_path.is_file():

@@ -58,6 +58,9 @@ def describe(step: Step) -> str:
             return f"re-activate {step.worker_id} of {step.pool_id} ({step.why})"
         case RemoveReplica():
             to = "" if step.replicas is None else f", scaling to {step.replicas}"
+            if step.also:
+                who = ", ".join(w for w, _ in step.victims)
+                return f"remove the replicas of drained {who} of {step.pool_id}{to}"
             return f"remove the replica of drained {step.worker_id} of {step.pool_id}{to}"
     raise AssertionError(step)
 
@@ -178,17 +181,28 @@ class Actuator:
 
     async def _remove(self, step: RemoveReplica, orch: Orchestrator | None, ref: PoolRef,
                       epoch: int) -> ActionRecord:
+        """Remove a batch of drained workers' replicas: commit them all (or none), mark
+        every instance, ask once for the count without them, then close the records."""
+        victims = step.victims
         if step.replicas is not None:
             if orch is None:
                 return self._record(step, "failed", "no orchestrator adapter")
-            if not await fenced.commit_removal(self.db, epoch, step.pool_id, step.worker_id,
-                                               step.replicas):
-                return self._record(step, "skipped", "worker no longer drained")
-            self._guard(epoch)
-            await self._call(orch.set_instance_termination_priority(
-                ref, step.instance_ref, priority=step.priority))
+            ids = [w for w, _ in victims]
+            if len(ids) == 1:
+                ok = await fenced.commit_removal(self.db, epoch, step.pool_id, ids[0],
+                                                 step.replicas)
+            else:
+                ok = await fenced.commit_removals(self.db, epoch, step.pool_id, ids,
+                                                  step.replicas)
+            if not ok:
+                return self._record(step, "skipped", "a worker is no longer drained")
+            for _, instance in victims:
+                self._guard(epoch)
+                await self._call(orch.set_instance_termination_priority(
+                    ref, instance, priority=step.priority))
             self._guard(epoch)
             await self._call(orch.scale_pool(
                 ref, step.replicas, request_id=f"{step.pool_id}:remove:{step.worker_id}"))
-        ok = await fenced.mark_gone(self.db, epoch, step.pool_id, step.worker_id)
-        return self._record(step, "ok" if ok else "skipped", step.instance_ref)
+        gone = [await fenced.mark_gone(self.db, epoch, step.pool_id, w) for w, _ in victims]
+        return self._record(step, "ok" if all(gone) else "skipped",
+                            ", ".join(i for _, i in victims))

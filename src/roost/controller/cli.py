@@ -43,6 +43,15 @@ _HELP = {
     "small_pool_replicas": "Below this many replicas the scale-down window grows to "
                            "window x this / replicas (1: off).",
     "drain_timeout": "Seconds a draining worker may take before it is re-activated.",
+    "rate_window": "Seconds over which arrivals per second and the service time are read.",
+    "drain_horizon": "Seconds within which new replicas should drain the backlog the "
+                     "pool cannot clear by itself.",
+    "startup_default": "Replica start-up time assumed until a pool has shown its own.",
+    "flap_window": "A pool that grows again this soon after a scale-down waits this long "
+                   "before its next one.",
+    "growth_period": "Period of each pool's growth bound (growth_replicas/percent).",
+    "disruption_period": "Period of each pool's disruption budget "
+                         "(disruption_replicas/percent).",
     "memory_target_percent": "Stop growing when the pool's nodes reach this memory use.",
     "memory_hard_percent": "Never place a worker that takes a node past this memory use.",
     "cpu_target_percent": "Stop growing when the pool's nodes reach this CPU use.",
@@ -149,6 +158,10 @@ _dsn = click.option("--dsn", envvar=DSN_ENVS, required=True, show_envvar=True,
                     help="Postgres DSN.")
 
 
+_BOUNDS = PoolSpec("defaults", 0, 0, 1, 1, 1, 0)
+"""A pool with the default growth bound and disruption budget."""
+
+
 def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     req: dict[str, Any] = {"required": True} if create else {"default": None}
     opt: dict[str, Any] = {} if create else {"default": None}
@@ -167,6 +180,21 @@ def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
         click.option("--orchestrator", **req, help="Adapter name: static, fake, ..."),
         click.option("--ref", "orchestrator_ref", **({"default": ""} if create else opt),
                      help="The adapter's name for this pool."),
+        # plain ints: the store refuses a bad bound with a message that says why
+        click.option("--growth-replicas", "growth_replicas", type=int, **(
+            {"default": _BOUNDS.growth_replicas} if create else opt),
+                     help="Scale-up bound: at most max(this, --growth-percent) more replicas "
+                     "per 15 s (>= 1)."),
+        click.option("--growth-percent", "growth_percent", type=int, **(
+            {"default": _BOUNDS.growth_percent} if create else opt),
+                     help="Scale-up bound, in percent of the pool per 15 s (>= 0)."),
+        click.option("--disruption-replicas", "disruption_replicas", type=int, **(
+            {"default": _BOUNDS.disruption_replicas} if create else opt),
+                     help="Scale-down budget: at most max(this, --disruption-percent) workers "
+                     "start draining per minute (>= 1)."),
+        click.option("--disruption-percent", "disruption_percent", type=int, **(
+            {"default": _BOUNDS.disruption_percent} if create else opt),
+                     help="Scale-down budget, in percent of the pool per minute (0..100)."),
     ]
 
     def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -182,12 +210,14 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
         click.echo(json.dumps([dataclasses.asdict(s) for s in specs], indent=2))
         return
     table = Table("pool", "min", "max", "target", "cpu m", "mem MiB", "db pool", "revision",
-                  "orchestrator", "ref")
+                  "orchestrator", "ref", "growth", "disruption")
     for s in specs:
         table.add_row(s.pool_id, str(s.min_replicas), str(s.max_replicas),
                       str(s.target_per_replica), str(s.worker_cpu_milli),
                       str(s.worker_mem_mib), str(s.worker_db_pool_size), s.expected_revision,
-                      s.orchestrator, s.orchestrator_ref)
+                      s.orchestrator, s.orchestrator_ref,
+                      f"max({s.growth_replicas}, {s.growth_percent}%)/15s",
+                      f"max({s.disruption_replicas}, {s.disruption_percent}%)/min")
     Console().print(table)
 
 

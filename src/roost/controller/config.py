@@ -42,6 +42,12 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     scale_down_window: float = PlanSettings().scale_down_window
     small_pool_replicas: int = PlanSettings().small_pool_replicas
     drain_timeout: float = 600.0
+    rate_window: float = PlanSettings().rate_window
+    drain_horizon: float = PlanSettings().drain_horizon
+    startup_default: float = PlanSettings().startup_default
+    flap_window: float = PlanSettings().flap_window
+    growth_period: float = PlanSettings().growth_period
+    disruption_period: float = PlanSettings().disruption_period
     memory_target_percent: float = 80.0
     memory_hard_percent: float = 90.0
     cpu_target_percent: float = 80.0
@@ -92,6 +98,12 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             scale_down_window=self.scale_down_window,
             small_pool_replicas=self.small_pool_replicas,
             drain_timeout=self.drain_timeout,
+            rate_window=self.rate_window,
+            drain_horizon=self.drain_horizon,
+            startup_default=self.startup_default,
+            flap_window=self.flap_window,
+            growth_period=self.growth_period,
+            disruption_period=self.disruption_period,
             memory_target_percent=self.memory_target_percent,
             memory_hard_percent=self.memory_hard_percent,
             cpu_target_percent=self.cpu_target_percent,

@@ -10,7 +10,9 @@ without it there is nothing to plan.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -27,6 +29,7 @@ from roost.store import pools as pools_q
 from roost.store import runtime
 
 DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+log = logging.getLogger("roost.controller.inputs")
 
 
 def _describe(exc: BaseException) -> str:
@@ -50,6 +53,23 @@ async def _infra(orch: Orchestrator | None, spec: PoolSpec, *, timeout: float,
             return f"infra: {spec.orchestrator} failed: {type(exc).__name__}: {exc}"
 
 
+async def _with_rates(conn: Any, demand: dict[str, Demand], window: float,
+                      timeout: float) -> dict[str, Demand]:
+    """Demand with the arrival rate and service time the demand model uses. If they
+    cannot be read the model falls back to queued + running (the rule before it), so
+    this never freezes a pool; a failed read is logged."""
+    try:
+        rates = await runtime.read_rates(conn, window, timeout=timeout)
+    except DB_ERRORS as exc:
+        log.warning("arrival rates not read, sizing on queued + running: %s", _describe(exc))
+        return demand
+    return {
+        pool: replace(d, arrival_rate=rates.get(pool, (0.0, None))[0],
+                      service_time=rates.get(pool, (0.0, None))[1])
+        for pool, d in demand.items()
+    }
+
+
 async def read_snapshot(
     db: Any,
     orchestrators: Mapping[str, Orchestrator],
@@ -57,6 +77,7 @@ async def read_snapshot(
     clock: Clock,
     timeout: float,
     concurrency: int = 16,
+    rate_window: float = 30.0,
 ) -> Snapshot:
     demand: dict[str, Demand] | None = None
     workers: dict[str, list[WorkerView]] | None = None
@@ -68,6 +89,8 @@ async def read_snapshot(
             demand = await runtime.read_demand(conn, timeout=timeout)
         except DB_ERRORS as exc:
             errors.append(f"demand: {_describe(exc)}")
+        if demand is not None:
+            demand = await _with_rates(conn, demand, rate_window, timeout)
         try:
             workers = await runtime.read_workers(conn, timeout=timeout)
         except DB_ERRORS as exc:

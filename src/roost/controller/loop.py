@@ -36,6 +36,8 @@ from roost.store import fenced, runtime
 from roost.store.errors import StaleEpoch
 
 log = logging.getLogger("roost.controller")
+MIN_TICK_SPACING = 1.0
+"""Seconds between the starts of two ticks when tasks wake the loop early."""
 
 
 @dataclass(slots=True)
@@ -75,9 +77,10 @@ class Controller:
         self.last_error: str | None = None
         self.actions: deque[ActionRecord] = deque(maxlen=100)
         self.stopped = False
-        self.wake = asyncio.Event()
-        """Set to run the next tick now (this controller has just become leader)."""
         self._epoch_seen: int | None = None
+        self.wake = asyncio.Event()
+        """Set to end the wait between ticks early: stop, this controller has just become
+        leader, or tasks for an idle pool."""
 
     # ---- readiness -------------------------------------------------------------------
 
@@ -101,20 +104,38 @@ class Controller:
     # ---- the loop ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        relay = asyncio.create_task(self._wake_on(stop))
+        forward = asyncio.create_task(self._forward(stop))
         try:
             while not stop.is_set():
-                self.wake.clear()
+                self.wake.clear()  # before the tick: a task inserted during it still wakes
+                started = self.clock.monotonic()
                 await self.tick()
                 await self.clock.sleep(self.config.interval, wake=self.wake)
+                if not stop.is_set():  # woken early: never more than one tick a second
+                    await self.clock.sleep(
+                        max(0.0, MIN_TICK_SPACING - (self.clock.monotonic() - started)))
         finally:
-            relay.cancel()
+            forward.cancel()
             self.stopped = True
             await self.leadership.close()
 
-    async def _wake_on(self, stop: asyncio.Event) -> None:
+    async def _forward(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self.wake.set()
+
+    def task_created(self, pool_id: str) -> None:
+        """New tasks for ``pool_id`` (from the database's NOTIFY). An idle pool (no
+        replica, as of the last plan) gets a tick now rather than at the end of the
+        interval: scale-from-zero should cost the orchestrator's start-up, not a tick."""
+        if not self.leadership.is_leader or self.last_plan is None:
+            return
+        try:
+            current = self.last_plan.pool(pool_id).current_replicas
+        except KeyError:
+            return
+        if current == 0 and not self.wake.is_set():
+            log.info("tasks for idle pool %s: ticking now", pool_id)
+            self.wake.set()
 
     async def tick(self) -> TickResult:
         started = self.clock.monotonic()
@@ -188,7 +209,8 @@ class Controller:
             self.history = {}  # a new leadership observes its windows afresh
             self._epoch_seen = epoch
         snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
-                                       timeout=self.config.io_timeout)
+                                       timeout=self.config.io_timeout,
+                                       rate_window=self.settings.rate_window)
         self._watch_clock(None if snapshot.db is None else snapshot.db.clock_offset)
         now = self.clock.time()
         p = plan(snapshot, self.history, now=now, settings=self.settings)

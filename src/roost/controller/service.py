@@ -22,6 +22,7 @@ from roost.controller.http import build_app
 from roost.controller.leadership import Leadership
 from roost.controller.loop import Controller
 from roost.controller.orchestrator import Orchestrator
+from roost.store import notify
 from roost.store.migrations import migrate_dsn
 from roost.store.session import SessionBounds, create_pool
 
@@ -102,6 +103,7 @@ async def serve(
         build_app(controller), host=config.http_host, port=config.http_port,
         log_level="warning", lifespan="off", access_log=False,
     ))
+    listener = await notify.listen_tasks(config.dsn, controller.task_created)
     loop_task = asyncio.create_task(controller.run(stop), name="controller-loop")
     lease_task = asyncio.create_task(leadership.keep(stop), name="controller-lease")
     http_task = asyncio.create_task(server.serve(), name="controller-http")
@@ -122,6 +124,8 @@ async def serve(
         for task in (lease_task, loop_task, http_task):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if listener is not None:
+            await listener.close()
         for adapter in adapters.values():
             await adapter.close()
         await db.close()

@@ -34,6 +34,9 @@ class PoolPlanDoc(_Doc):
     action: str
     capped_by: list[str] = []
     steps: list[str] = []
+    """The actions this tick takes."""
+    sizing: list[str] = []
+    """The demand model's inputs and each step of its arithmetic, in words."""
 
 
 class PlanDoc(_Doc):
@@ -118,7 +121,7 @@ def _plan(c: Controller, pools: set[str] | None) -> PlanDoc | None:
             pools={
                 x.pool_id: PoolPlanDoc(x.desired_replicas, x.current_replicas, x.raw_desired,
                                        x.frozen_reason, x.reason, x.action, list(x.capped_by),
-                                       [describe(s) for s in x.steps])
+                                       [describe(s) for s in x.steps], list(x.sizing))
                 for x in p.pools if keep(x.pool_id)
             },
             db_worker_budget=p.db_worker_budget,

@@ -11,25 +11,32 @@ The order of the rules, for each pool:
 1. freeze on anything that makes acting unsafe (missing or stale inputs, an unhealthy
    database, a database budget that cannot hold the minimums, a release revision
    mismatch): desired stays at current and nothing new happens;
-2. ``raw = ceil((queued + running) / target_per_replica)``;
+2. the demand model (`roost.decide.demand`): the tasks to size for, from the arrival
+   rate, the service time, the backlog and the start-up time, never more than
+   queued + running; ``raw = ceil(tasks / target_per_replica)``;
 3. the scale-up window (the least demand seen over it must exceed current) and the
    scale-down stabilization window (the most demand seen over it must be below
    current) *and* an empty queue;
-4. min/max replicas;
+4. min/max replicas, then the growth bound (at most ``max(growth_replicas,
+   growth_percent %)`` more per growth period);
 5. growth capped by node memory/CPU headroom and the shared database budget;
-6. drain-safe scale-down steps (`roost.decide.drain`).
+6. drain-safe scale-down steps (`roost.decide.drain`), as many drains at once as the
+   pool's disruption budget allows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from roost.decide.caps import Growth, GrowthAsk, allocate_growth, db_worker_budget
-from roost.decide.drain import ScaleUp, Step, decide_drain, fresh
+from roost.decide.demand import Estimates, Sizing, size
+from roost.decide.drain import MarkDraining, ScaleUp, Step, decide_drain, fresh
 from roost.decide.snapshot import (
     PlanSettings,
     PoolInputs,
+    PoolSpec,
     Snapshot,
     WorkerStatus,
 )
@@ -44,14 +51,26 @@ REVISION_MISMATCH = "revision_mismatch"
 
 @dataclass(frozen=True, slots=True)
 class PoolHistory:
-    """Outstanding-task samples ``(time, queued + running)``, oldest first.
+    """What the plan carries from tick to tick for one pool.
 
-    Samples, not raw replica counts, so that changing a pool's target per replica
-    takes effect at once. A gap in the data (a failed read) clears the history: a
-    window must be observed without holes before it can justify a change.
+    ``samples`` are ``(time, tasks to size for)``, oldest first: the demand model's
+    figure (`roost.decide.demand`), which is queued + running when no rate is known.
+    Tasks, not replica counts, so that changing a pool's target per replica takes
+    effect at once. A gap in the data (a failed read) clears them: a window must be
+    observed without holes before it can justify a change. ``targets`` are the replica
+    counts the orchestrator was seen at (the growth bound's base), ``drains`` when each
+    drain began (the disruption budget), ``estimates`` the service and start-up times.
     """
 
     samples: tuple[tuple[float, int], ...] = ()
+    targets: tuple[tuple[float, int], ...] = ()
+    drains: tuple[tuple[float, str], ...] = ()
+    estimates: Estimates = field(default_factory=Estimates)
+    shrunk_at: float | None = None
+    """When the plan last began a scale-down (drained a worker)."""
+    flap_until: float | None = None
+    """Until then the pool scales down only after `PlanSettings.flap_window`: it had to
+    grow again soon after it shrank."""
 
     def add(self, now: float, outstanding: int, keep: float) -> PoolHistory:
         samples = [*self.samples, (now, outstanding)]
@@ -60,7 +79,7 @@ class PoolHistory:
         for i, (t, _) in enumerate(samples):
             if t <= now - keep:
                 start = i
-        return PoolHistory(tuple(samples[start:]))
+        return replace(self, samples=tuple(samples[start:]))
 
     def window(self, now: float, seconds: float) -> list[int] | None:
         """Values demand took during ``[now - seconds, now]``, or None if the history
@@ -87,6 +106,8 @@ class PoolPlan:
     history: PoolHistory = field(default_factory=PoolHistory)
     queued: int | None = None
     running: int | None = None
+    sizing: tuple[str, ...] = ()
+    """The demand model's inputs and steps, in words (`roost.decide.demand.size`)."""
 
     @property
     def action(self) -> str:
@@ -174,30 +195,58 @@ def scale_down_window(replicas: int, s: PlanSettings) -> float:
     return s.scale_down_window * max(1.0, s.small_pool_replicas / max(replicas, 1))
 
 
-def _windowed(p: PoolInputs, hist: PoolHistory, current: int, now: float,
+def down_window(current: int, hist: PoolHistory, now: float, s: PlanSettings) -> float:
+    """The stabilization before a scale-down: `scale_down_window`, or the longer
+    ``flap_window`` while the pool is flapping (it grew again within ``flap_window`` of
+    a scale-down: demand that recurs, such as bursts every few minutes, would find it
+    shrunk each time)."""
+    base = scale_down_window(current, s)
+    if hist.flap_until is not None and now < hist.flap_until:
+        return max(base, s.flap_window)
+    return base
+
+
+def _windowed(p: PoolInputs, hist: PoolHistory, current: int, effective: int, now: float,
               s: PlanSettings) -> tuple[int, str]:
     """Replicas demand justifies after the windows, before min/max and caps."""
     assert p.demand is not None
     target = p.spec.target_per_replica
-    raw = raw_desired(p.demand.outstanding, target)
-    up = hist.window(now, s.scale_up_window)
-    down_window = scale_down_window(current, s)
-    down = hist.window(now, down_window)
+    raw = raw_desired(effective, target)
+    flapping = hist.flap_until is not None and now < hist.flap_until
+    up_wait = 0.0 if flapping else s.scale_up_window
+    up = hist.window(now, up_wait)
+    wait = down_window(current, hist, now, s)
+    down = hist.window(now, wait)
+    if raw > current == 0:
+        return raw, "scale from zero: no window (an idle pool has no capacity to wait with)"
     if raw > current:
         low = raw_desired(min(up), target) if up else None
         if low is not None and low > current:
-            return low, f"demand above {current} for {s.scale_up_window:.0f}s"
+            return low, f"demand above {current} for {up_wait:.0f}s"
         return current, f"scale-up window: demand {raw} > {current} not yet held for " \
-                        f"{s.scale_up_window:.0f}s"
+                        f"{up_wait:.0f}s"
     if raw < current:
         high = raw_desired(max(down), target) if down else None
         if high is None or high >= current:
             return current, f"stabilization: demand {raw} < {current} not yet held for " \
-                            f"{down_window:.0f}s"
+                            f"{wait:.0f}s"
         if p.demand.queued:
             return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
-        return high, f"demand below {current} for {down_window:.0f}s, queue empty"
+        return high, f"demand below {current} for {wait:.0f}s, queue empty"
     return current, "demand matches replicas"
+
+
+def growth_limit(spec: PoolSpec, targets: tuple[tuple[float, int], ...], current: int) -> int:
+    """The most replicas the growth bound allows now: the smallest size seen over the
+    growth period plus ``max(growth_replicas, growth_percent %)`` of it (HPA's policy
+    arithmetic, with ``selectPolicy: Max``)."""
+    base = min((n for _, n in targets), default=current)
+    return base + max(spec.growth_replicas, math.ceil(base * spec.growth_percent / 100))
+
+
+def disruption_budget(spec: PoolSpec, current: int) -> int:
+    """Drains the pool may start per disruption period."""
+    return max(spec.disruption_replicas, current * spec.disruption_percent // 100)
 
 
 @dataclass(slots=True)
@@ -209,24 +258,55 @@ class _Draft:
     wanted: int | None
     frozen: str | None
     reason: str
+    sizing: tuple[str, ...] = ()
+
+
+def _tracks(p: PoolInputs, prev: PoolHistory, now: float, s: PlanSettings) -> PoolHistory:
+    """The history's growth-bound base, drain records and estimates brought up to now."""
+    targets = tuple((t, n) for t, n in prev.targets if t >= now - s.growth_period)
+    if p.infra is not None:
+        targets += ((now, p.infra.target_replicas),)
+    drains = [(t, w) for t, w in prev.drains if t > now - s.disruption_period]
+    seen = {w for _, w in drains}
+    for w in p.workers or ():
+        if (w.status is WorkerStatus.DRAINING and w.draining_since is not None
+                and w.worker_id not in seen and w.draining_since > now - s.disruption_period):
+            drains.append((w.draining_since, w.worker_id))
+    est = prev.estimates.observe(p.demand, p.infra, now, s)
+    return replace(prev, targets=targets, drains=tuple(sorted(drains)), estimates=est)
 
 
 def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: float,
            s: PlanSettings) -> _Draft:
-    keep = max(s.scale_up_window, scale_down_window(1, s))
-    hist = prev.add(now, p.demand.outstanding, keep) if p.demand is not None else PoolHistory()
+    keep = max(s.scale_up_window, scale_down_window(1, s), s.flap_window)
+    tracked = _tracks(p, prev, now, s)
     current = p.infra.target_replicas if p.infra is not None else None
-    raw = raw_desired(p.demand.outstanding, p.spec.target_per_replica) if p.demand else None
+    sizing: Sizing | None = None
+    if p.demand is not None:
+        sizing = size(p.demand, tracked.estimates, replicas=current or 0,
+                      target=p.spec.target_per_replica, s=s)
+        hist = tracked.add(now, sizing.effective, keep)
+    else:
+        hist = replace(tracked, samples=())
+    raw = raw_desired(sizing.effective, p.spec.target_per_replica) if sizing else None
+    explain = sizing.explain if sizing else ()
     frozen = global_freeze or _pool_freeze(p, now, s)
-    if frozen or current is None:
-        return _Draft(p, hist, current, raw, current, frozen, "frozen")
-    wanted, reason = _windowed(p, hist, current, now, s)
+    if frozen or current is None or sizing is None:
+        return _Draft(p, hist, current, raw, current, frozen, "frozen", explain)
+    wanted, reason = _windowed(p, hist, current, sizing.effective, now, s)
     spec = p.spec
     clamped = min(max(wanted, spec.min_replicas), spec.max_replicas)
     if clamped != wanted:
         bound = "min" if clamped > wanted else "max"
         reason = f"{bound}_replicas {clamped} (demand alone: {wanted})"
-    return _Draft(p, hist, current, raw, clamped, None, reason)
+    if clamped > current and clamped > spec.min_replicas:
+        limit = growth_limit(spec, hist.targets, current)
+        bounded = max(min(clamped, limit), spec.min_replicas, current)
+        if bounded < clamped:
+            reason = (f"{reason}; growth bound {bounded} (max({spec.growth_replicas}, "
+                      f"{spec.growth_percent}%) per {s.growth_period:g}s)")
+            clamped = bounded
+    return _Draft(p, hist, current, raw, clamped, None, reason, explain)
 
 
 def _removal_pending(d: _Draft) -> bool:
@@ -272,6 +352,7 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
     desired, reason = d.wanted, d.reason
     capped: tuple[str, ...] = ()
     steps: list[Step] = []
+    history = d.history
     if d.current is not None and desired is not None and desired > d.current:
         if growth is None:  # a committed removal finishes first
             desired, reason = d.current, f"{reason}; scale-up waits for a pending removal"
@@ -281,18 +362,25 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
                 reason = f"{reason}; capped at {desired} by {', '.join(capped)}"
             if growth.granted:
                 steps.append(ScaleUp(spec.pool_id, desired))
+                if history.shrunk_at is not None and now - history.shrunk_at <= s.flap_window:
+                    history = replace(history, flap_until=now + s.flap_window)
     note = ""
     if d.p.workers is not None:
         # Frozen pools still get here: a drain past its timeout is re-activated even
         # then, since that only gives a worker its tasks back.
         current = d.current if d.current is not None else 0
+        budget = disruption_budget(spec, current) - len(d.history.drains)
         drain = decide_drain(
             spec.pool_id, d.p.workers, current=current,
             desired=desired if desired is not None else current, infra=d.p.infra,
             frozen=d.frozen is not None or d.current is None, now=now, settings=s,
+            budget=budget,
         )
         steps.extend(drain.steps)
         note = drain.note
+        marks = tuple((now, x.worker_id) for x in drain.steps if isinstance(x, MarkDraining))
+        if marks:
+            history = replace(history, drains=(*history.drains, *marks), shrunk_at=now)
     if note:
         reason = f"{reason}; {note}"
     return PoolPlan(
@@ -304,7 +392,8 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
         reason=reason,
         capped_by=capped,
         steps=tuple(steps),
-        history=d.history,
+        history=history,
+        sizing=d.sizing,
         queued=d.p.demand.queued if d.p.demand else None,
         running=d.p.demand.running if d.p.demand else None,
     )

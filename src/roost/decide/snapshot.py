@@ -39,12 +39,45 @@ class PoolSpec:
     """The release every worker should run; empty means "don't check"."""
     orchestrator: str = "fake"
     orchestrator_ref: str = ""
+    growth_replicas: int = 4
+    """Scale-up bound: at most ``max(growth_replicas, growth_percent % of the pool)`` more
+    replicas per `PlanSettings.growth_period` (HPA's default behavior: 4 pods or 100 %
+    per 15 s, whichever is more)."""
+    growth_percent: int = 100
+    disruption_replicas: int = 2
+    """Scale-down budget: at most ``max(disruption_replicas, disruption_percent % of the
+    pool)`` workers start draining per `PlanSettings.disruption_period`."""
+    disruption_percent: int = 20
+
+
+def pool_spec_problems(spec: PoolSpec) -> list[str]:
+    """What is wrong with a pool's autoscaling bounds, in words an operator can act on
+    (empty when nothing is). The store refuses such a pool before it reaches the plan."""
+    out = []
+    if spec.growth_replicas < 1:
+        out.append(f"growth_replicas must be >= 1 (got {spec.growth_replicas}): a pool "
+                   "that may never grow by one replica cannot follow demand")
+    if spec.growth_percent < 0:
+        out.append(f"growth_percent must be >= 0 (got {spec.growth_percent})")
+    if spec.disruption_replicas < 1:
+        out.append(f"disruption_replicas must be >= 1 (got {spec.disruption_replicas}): a "
+                   "zero or negative disruption budget never lets the pool scale down")
+    if not 0 <= spec.disruption_percent <= 100:
+        out.append(f"disruption_percent must be within 0..100 (got "
+                   f"{spec.disruption_percent})")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class Demand:
     queued: int
     running: int
+    arrival_rate: float | None = None
+    """Tasks created per second over the last `PlanSettings.rate_window`; None when
+    not read (the plan then sizes on queued + running alone)."""
+    service_time: float | None = None
+    """Mean run time, seconds, of the tasks completed over the last
+    `PlanSettings.rate_window`; None when none completed."""
 
     @property
     def outstanding(self) -> int:
@@ -102,6 +135,10 @@ class Infra:
     instances: tuple[InstanceView, ...]
     nodes: tuple[NodeFigures, ...]
     observed_at: float
+    removal_batch: int | None = None
+    """The most replicas the orchestrator removes safely in one request (None: any
+    number). The Kubernetes adapter can verify one marked pod per scale-down, so it
+    says 1: drains still run in parallel, removals go one per tick."""
 
     @property
     def settled(self) -> bool:
@@ -174,13 +211,33 @@ class PlanSettings:
     db_non_worker_connections: int = 10
     db_connections_per_sync_peer: int = 1
     db_expected_sync_peers: int = 0
+    rate_window: float = 30.0
+    """The window the arrival rate and service time are measured over (the controller's
+    query and the bench compute the same figures)."""
+    service_smoothing: float = 60.0
+    """Time constant of the moving average of the service time, seconds."""
+    startup_default: float = 30.0
+    """Replica start-up time assumed until the pool has shown its own."""
+    drain_horizon: float = 60.0
+    """Backlog left after the replicas already there (or starting) have done what they
+    can is sized to drain within this many seconds of new replicas starting."""
+    growth_period: float = 15.0
+    disruption_period: float = 60.0
+    flap_window: float = 300.0
+    """A pool that grows again within this long of a scale-down waits this long (HPA's
+    stabilization) before its next scale-down, for as long again."""
 
     def validate(self) -> None:
         """Raise ValueError on settings that would make the plan meaningless."""
         for name in ("scale_up_window", "scale_down_window", "drain_timeout",
-                     "max_input_age", "heartbeat_timeout"):
+                     "max_input_age", "heartbeat_timeout", "service_smoothing",
+                     "startup_default"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        for name in ("rate_window", "drain_horizon", "growth_period", "disruption_period",
+                     "flap_window"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
         if self.small_pool_replicas < 1:
             raise ValueError("small_pool_replicas must be >= 1")
         if not 0 < self.memory_target_percent <= self.memory_hard_percent <= 100:

@@ -126,6 +126,32 @@ async def commit_removal(db: Any, epoch: int, pool_id: str, worker_id: str,
     return bool(done)
 
 
+async def commit_removals(db: Any, epoch: int, pool_id: str, worker_ids: list[str],
+                          target: int) -> bool:
+    """`commit_removal` for a batch, all or none: one replica count for k drained
+    workers. Were only some committed, a leader finishing the removal would ask for a
+    count that takes a worker that was not drained."""
+    try:
+        async with db.acquire() as conn, conn.transaction():
+            await _check(conn, epoch)
+            done = await conn.fetch(
+                "UPDATE workers SET removal_target = $3, status_epoch = $4 "
+                "WHERE id = ANY($1::text[]) AND pool_id = $2 AND status = 'draining' "
+                "AND running_tasks = 0 AND active_leases = 0 "
+                "AND (removal_target IS NULL OR removal_target = $3) RETURNING id",
+                worker_ids, pool_id, target, epoch,
+            )
+            if len(done) != len(set(worker_ids)):
+                raise _Rollback
+    except _Rollback:
+        return False
+    return True
+
+
+class _Rollback(Exception):
+    """Undo a batch commit that did not cover every worker."""
+
+
 async def mark_gone(db: Any, epoch: int, pool_id: str, worker_id: str) -> bool:
     async with db.acquire() as conn, conn.transaction():
         await _check(conn, epoch)

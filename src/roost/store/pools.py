@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from roost.decide.snapshot import PoolSpec
+from roost.decide.snapshot import PoolSpec, pool_spec_problems
 from roost.store.errors import InvalidPool, PoolBusy, PoolExists, PoolNotFound
 from roost.store.tasks import transaction
 
@@ -26,6 +26,10 @@ _COLUMNS = {
     "expected_revision": "expected_revision",
     "orchestrator": "orchestrator",
     "orchestrator_ref": "orchestrator_ref",
+    "growth_replicas": "growth_replicas",
+    "growth_percent": "growth_percent",
+    "disruption_replicas": "disruption_replicas",
+    "disruption_percent": "disruption_percent",
 }
 _SELECT = "SELECT " + ", ".join(f"{c} AS {f}" for f, c in _COLUMNS.items()) + " FROM worker_pools"
 
@@ -46,6 +50,9 @@ def validate(spec: PoolSpec) -> None:
         raise InvalidPool("worker_db_pool_size must be >= 0")
     if not spec.orchestrator:
         raise InvalidPool("orchestrator must be named")
+    problems = pool_spec_problems(spec)
+    if problems:
+        raise InvalidPool("; ".join(problems))
 
 
 async def list_pools(conn: Any) -> list[PoolSpec]:

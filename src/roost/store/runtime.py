@@ -20,6 +20,32 @@ async def read_demand(conn: Any, *, timeout: float | None = None) -> dict[str, D
     return {str(r["pool_id"]): Demand(int(r["queued"]), int(r["running"])) for r in rows}
 
 
+_RATES = """
+SELECT pool_id,
+       count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)) AS created,
+       avg(extract(epoch FROM finished_at - started_at))
+           FILTER (WHERE finished_at > now() - make_interval(secs => $1)
+                   AND status = 'done' AND started_at IS NOT NULL) AS service
+FROM tasks
+WHERE created_at > now() - make_interval(secs => $1)
+   OR finished_at > now() - make_interval(secs => $1)
+GROUP BY pool_id
+"""
+
+
+async def read_rates(conn: Any, window: float, *, timeout: float | None = None
+                     ) -> dict[str, tuple[float, float | None]]:
+    """Per pool: tasks created per second over the last ``window`` seconds (on the
+    database's clock), and the mean run time of the tasks completed in it (None if
+    none). A pool with no task in the window is absent: its rate is 0."""
+    rows = await conn.fetch(_RATES, float(window), timeout=timeout)
+    return {
+        str(r["pool_id"]): (int(r["created"]) / window,
+                            None if r["service"] is None else float(r["service"]))
+        for r in rows
+    }
+
+
 async def read_workers(
     conn: Any, *, timeout: float | None = None
 ) -> dict[str, list[WorkerView]]:

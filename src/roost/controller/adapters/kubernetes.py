@@ -209,6 +209,7 @@ class KubernetesOrchestrator:
                             for p in active),
             nodes=choice.figures,
             observed_at=now,
+            removal_batch=1,  # scale_pool verifies one marked pod per scale-down
         )
 
     async def scale_pool(self, pool: PoolRef, replicas: int, *, request_id: str) -> ScaleResult:

@@ -1,0 +1,360 @@
+"""``roost bench autoscale --suite``: one setting, many demand curves.
+
+A rule tuned to one curve fails on the next, so the suite replays every curve with the
+same defaults (`PlanSettings()` and `PoolSpec`'s bounds; nothing per curve) against HPA
+and KEDA as `roost.bench.autoscale` models them:
+
+- **synthetic**, generated here from a seed, per second: a 10x step up, a step down, a
+  spike train (10 s bursts every 5 minutes), a sawtooth, a noisy diurnal sine, and
+  on/off Poisson bursts. The defaults were chosen on these (the *tuning* set);
+- **held out**, never tuned on: the WorldCup98 busiest day (per minute, the trace's
+  resolution) and the Azure LLM code-service hour at its own resolution (each request's
+  timestamp; scaling to a peak keeps every request's time and draws ``Poisson(factor)``
+  copies of it within the same second).
+
+Each curve runs at every point of a matrix: peaks (tasks/s of the busiest minute),
+replica start-up times and mean service times. The default matrix is the issue's
+(peaks 10 and 100, start-up 10 and 90 s, service 0.2 and 30 s) except that the
+WorldCup98 day runs at peak 10 only, since a day at 100 tasks/s is 4 million tasks per
+policy: ``--full`` adds it.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from roost.bench.autoscale import (
+    SimConfig,
+    Workload,
+    busiest_window,
+    make_policy,
+    make_workload,
+    measure,
+    rates_per_second,
+    read_demand,
+    simulate,
+    with_service,
+)
+
+TUNING = "tuning"
+HELD_OUT = "held-out"
+PEAKS = (10.0, 100.0)
+STARTUPS = (10.0, 90.0)
+SERVICES = (0.2, 30.0)
+SERVICE_SIGMA = 0.6
+SLO_SECONDS = 5.0
+AZURE_FILE = Path("azure-llm-2023") / "AzureLLMInferenceTrace_code.csv"
+WORLDCUP_FILE = Path("worldcup98") / "invocation_count.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    peak: float
+    startup: float
+    service: float
+
+    @property
+    def label(self) -> str:
+        return f"peak {self.peak:g}/s, start-up {self.startup:g}s, service {self.service:g}s"
+
+
+# ------------------------------------------------------------------ synthetic shapes
+# Each returns per-second rates with a peak of 1.0, from its own generator.
+
+def step_up(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    out: npt.NDArray[np.float64] = np.concatenate([np.full(20 * 60, 0.1), np.full(40 * 60, 1.0)])
+    return out
+
+
+def step_down(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    out: npt.NDArray[np.float64] = np.concatenate([np.full(20 * 60, 1.0), np.full(40 * 60, 0.1)])
+    return out
+
+
+def spike_train(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    r = np.full(60 * 60, 0.1)
+    for start in range(150, len(r), 300):  # 10 s bursts every 5 minutes
+        r[start:start + 10] = 1.0
+    return r
+
+
+def sawtooth(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    t = np.arange(60 * 60, dtype=np.float64)
+    return 0.1 + 0.9 * (t % 600) / 600
+
+
+def noisy_diurnal(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """A day compressed to two hours, with noise that holds for 10 s at a time."""
+    t = np.arange(120 * 60, dtype=np.float64)
+    base = 0.55 - 0.45 * np.cos(2 * math.pi * t / len(t))
+    noise = np.repeat(rng.normal(1.0, 0.15, len(t) // 10 + 1), 10)[:len(t)]
+    r: npt.NDArray[np.float64] = np.clip(base * noise, 0.0, None)
+    return r / float(r.max())
+
+
+def onoff_poisson(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Bursts at full rate for exponential on-times (mean 2 min) between exponential
+    quiet spells at a tenth (mean 5 min)."""
+    out: list[npt.NDArray[np.float64]] = []
+    n, on = 0, False
+    while n < 90 * 60:
+        length = max(10, int(rng.exponential(120 if on else 300)))
+        out.append(np.full(length, 1.0 if on else 0.1))
+        n += length
+        on = not on
+    r: npt.NDArray[np.float64] = np.concatenate(out)[:90 * 60]
+    return r
+
+
+SHAPES: dict[str, Callable[[np.random.Generator], npt.NDArray[np.float64]]] = {
+    "step-up-10x": step_up,
+    "step-down": step_down,
+    "spike-train": spike_train,
+    "sawtooth": sawtooth,
+    "noisy-diurnal": noisy_diurnal,
+    "on-off-poisson": onoff_poisson,
+}
+
+
+# ------------------------------------------------------------------ curves
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    name: str
+    kind: str
+    """TUNING or HELD_OUT."""
+    resolution: str
+    make: Callable[[Point, int], Workload]
+    points: tuple[Point, ...]
+
+
+def _synthetic(name: str) -> Callable[[Point, int], Workload]:
+    def make(pt: Point, seed: int) -> Workload:
+        rng = np.random.default_rng(seed)
+        shape = SHAPES[name](rng)
+        return make_workload(list(shape * pt.peak), service_mean=pt.service,
+                             service_sigma=SERVICE_SIGMA, seed=seed, resolution=1.0)
+    return make
+
+
+def _worldcup(path: Path) -> Callable[[Point, int], Workload]:
+    counts = read_demand(path)
+    start = busiest_window(counts, 1440)
+    window = counts[start:start + 1440]
+
+    def make(pt: Point, seed: int) -> Workload:
+        return make_workload(rates_per_second(window, pt.peak), service_mean=pt.service,
+                             service_sigma=SERVICE_SIGMA, seed=seed)
+    return make
+
+
+def read_azure(path: Path) -> npt.NDArray[np.float64]:
+    """Request times, seconds from the first."""
+    times = []
+    with path.open(newline="") as f:
+        rows = csv.reader(f)
+        next(rows)
+        for row in rows:
+            times.append(datetime.fromisoformat(row[0][:26]).timestamp())
+    t: npt.NDArray[np.float64] = np.sort(np.asarray(times, dtype=np.float64))
+    return t - float(t[0])
+
+
+def _azure(path: Path) -> Callable[[Point, int], Workload]:
+    times = read_azure(path)
+
+    def make(pt: Point, seed: int) -> Workload:
+        rng = np.random.default_rng(seed)
+        busiest = np.bincount((times // 60).astype(np.int64)).max() / 60.0
+        copies = rng.poisson(pt.peak / busiest, len(times))
+        base = np.repeat(times, copies)
+        jitter = rng.uniform(0.0, 1.0, len(base)) * (copies.repeat(copies) > 1)
+        arrivals = np.sort(base + jitter)
+        minutes = np.bincount((arrivals // 60).astype(np.int64)) / 60.0
+        return with_service(arrivals, [float(x) for x in minutes], service_mean=pt.service,
+                            service_sigma=SERVICE_SIGMA, rng=rng)
+    return make
+
+
+def matrix(peaks: Sequence[float] = PEAKS) -> tuple[Point, ...]:
+    return tuple(Point(p, s, d) for p in peaks for s in STARTUPS for d in SERVICES)
+
+
+def curves(data_dir: Path, *, full: bool) -> tuple[list[Curve], list[str]]:
+    """The suite's curves, and a note for each trace that is missing."""
+    out = [Curve(name, TUNING, "1 s", _synthetic(name), matrix()) for name in SHAPES]
+    missing = []
+    wc = data_dir / WORLDCUP_FILE
+    if wc.is_file():
+        out.append(Curve("worldcup98-busiest-day", HELD_OUT, "1 min", _worldcup(wc),
+                         matrix() if full else matrix((10.0,))))
+    else:
+        missing.append(f"{wc} not found: WorldCup98 skipped")
+    az = data_dir / AZURE_FILE
+    if az.is_file():
+        out.append(Curve("azure-llm-code-hour", HELD_OUT, "raw timestamps", _azure(az),
+                         matrix()))
+    else:
+        missing.append(f"{az} not found: the Azure LLM code hour skipped")
+    return out, missing
+
+
+# ------------------------------------------------------------------ running
+
+
+def run_point(curve: Curve, pt: Point, base: SimConfig, *,
+              policies: Sequence[str] = ("roost", "hpa", "keda")) -> dict[str, Any]:
+    seed = base.seed
+    work = curve.make(pt, seed)
+    cfg = replace(base, startup=pt.startup)
+    results = {}
+    for name in policies:
+        pool = simulate(work, make_policy(name, cfg), cfg)
+        r = measure(work, pool, name, SLO_SECONDS)
+        results[name] = r
+    hpa = results.get("hpa", {}).get("replica_seconds")
+    ratio = (results["roost"]["replica_seconds"] / hpa) if hpa and "roost" in results else None
+    return {
+        "curve": curve.name, "kind": curve.kind, "resolution": curve.resolution,
+        "peak": pt.peak, "startup": pt.startup, "service_mean": pt.service,
+        "tasks": len(work.arrivals),
+        "demand_per_minute": [round(r, 3) for r in work.rates],
+        "roost_over_hpa": None if ratio is None else round(ratio, 4),
+        "results": list(results.values()),
+    }
+
+
+def verdict(row: dict[str, Any]) -> list[str]:
+    """The issue's per-curve bar, as the misses (empty: met)."""
+    by = {r["policy"]: r for r in row["results"]}
+    roost, hpa = by["roost"], by["hpa"]
+    misses = []
+    if roost["slo_minutes_share"] < hpa["slo_minutes_share"]:
+        misses.append("SLO below HPA")
+    if roost["tasks_killed"]:
+        misses.append("killed tasks")
+    if row["roost_over_hpa"] is not None and row["roost_over_hpa"] > 1.0:
+        misses.append("replica-seconds above HPA")
+    return misses
+
+
+def geomean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+# ------------------------------------------------------------------ report
+
+
+def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    out = []
+    for row in rows:
+        by = {r["policy"]: r for r in row["results"]}
+        ro, hp = by["roost"], by["hpa"]
+        ke = by.get("keda")
+        misses = verdict(row)
+        out.append([
+            row["curve"] + (" (held out)" if row["kind"] == HELD_OUT else ""),
+            f"{row['peak']:g}", f"{row['startup']:g}", f"{row['service_mean']:g}",
+            f"{ro['replica_seconds']:.0f}", f"{hp['replica_seconds']:.0f}",
+            f"{row['roost_over_hpa']:.3f}" if row["roost_over_hpa"] is not None else "-",
+            f"{ro['slo_minutes_share'] * 100:.1f}", f"{hp['slo_minutes_share'] * 100:.1f}",
+            f"{ke['slo_minutes_share'] * 100:.1f}" if ke else "-",
+            str(ro["tasks_killed"]), str(hp["tasks_killed"]),
+            f"{ro['scale_actions']}/{hp['scale_actions']}",
+            f"{ro['direction_reversals']}/{hp['direction_reversals']}",
+            f"{ro['peak_replicas']}/{hp['peak_replicas']}",
+            "met" if not misses else "MISS: " + ", ".join(misses),
+        ])
+    return out
+
+
+HEADER = ["curve", "peak/s", "start-up s", "service s", "roost replica-s", "hpa replica-s",
+          "roost/hpa", "roost SLO %", "hpa SLO %", "keda SLO %", "roost killed",
+          "hpa killed", "actions roost/hpa", "reversals roost/hpa", "peak roost/hpa",
+          "verdict"]
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def gm(kind: str | None) -> float:
+        return geomean([r["roost_over_hpa"] for r in rows
+                        if r["roost_over_hpa"] is not None and kind in (None, r["kind"])])
+    wc = [r["roost_over_hpa"] for r in rows if r["curve"].startswith("worldcup98")]
+    return {
+        "points": len(rows),
+        "met": sum(1 for r in rows if not verdict(r)),
+        "geomean_roost_over_hpa": round(gm(None), 4),
+        "geomean_tuning": round(gm(TUNING), 4),
+        "geomean_held_out": round(gm(HELD_OUT), 4),
+        "worldcup98_roost_over_hpa": wc,
+        "max_roost_over_hpa": max((r["roost_over_hpa"] or 0.0) for r in rows) if rows else None,
+    }
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    from roost.bench.report import markdown_table
+
+    s = doc["summary"]
+    text = ["# roost bench autoscale --suite", "",
+            f"Defaults for every curve: `{doc['settings']}`.",
+            f"SLO: a minute meets it when its tasks' p99 queue wait is at most "
+            f"{doc['slo_seconds']:g} s. Tuning set: the synthetic shapes; held out: "
+            "WorldCup98 and the Azure LLM code hour.", "",
+            markdown_table(HEADER, table_rows(doc["rows"])), "",
+            f"Met the bar on {s['met']} of {s['points']} points. Geometric mean of "
+            f"roost/hpa replica-seconds: {s['geomean_roost_over_hpa']:.3f} overall, "
+            f"{s['geomean_tuning']:.3f} on the tuning set, {s['geomean_held_out']:.3f} held out.",
+            ""]
+    if doc.get("missing"):
+        text += ["Missing: " + "; ".join(doc["missing"]), ""]
+    return "\n".join(text)
+
+
+def plot_curve(path: Path, rows: Sequence[dict[str, Any]], *, title: str) -> None:
+    """One figure per curve: a panel per matrix point with demand, roost's and HPA's
+    replicas per minute."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(rows)
+    cols = 2 if n > 1 else 1
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(7 * cols, 2.6 * nrows), squeeze=False)
+    for ax, row in zip(axes.flat, rows, strict=False):
+        demand = row["demand_per_minute"]
+        xs = [m / 60.0 for m in range(len(demand))]
+        ax2 = ax.twinx()
+        ax2.fill_between(xs, demand, color="0.85", step="post", label="demand")
+        ax2.set_ylabel("tasks/s", fontsize=7)
+        for r in row["results"]:
+            if r["policy"] in ("roost", "hpa"):
+                ys = r["replicas_per_minute"]
+                ax.step(xs[:len(ys)], ys, where="post", lw=1.1, label=r["policy"])
+        ax.set_zorder(ax2.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        ax.set_title(f"{row['peak']:g}/s, start-up {row['startup']:g}s, service "
+                     f"{row['service_mean']:g}s: roost/hpa {row['roost_over_hpa']}", fontsize=8)
+        ax.set_ylabel("replicas", fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax2.tick_params(labelsize=7)
+        ax.legend(loc="upper left", fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.supxlabel("hours")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

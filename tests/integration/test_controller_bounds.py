@@ -1,0 +1,143 @@
+"""The growth bound, the demand model's inputs and batched drain-safe scale-down, through
+the real reconcile loop: real Postgres, the fake orchestrator, a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+
+from roost.controller.clock import SystemClock
+from roost.controller.status import status_doc
+from roost.store import notify
+from roost.store import pools as pools_q
+from tests.integration.test_controller_helpers import (
+    BIG_NODE,
+    Rig,
+    enqueue,
+    open_db,
+    pool_spec,
+    worker_rows,
+)
+
+
+@pytest.fixture
+async def rig(pg_dsn: str) -> AsyncIterator[Rig]:
+    r = Rig(pg_dsn, await open_db(pg_dsn))
+    try:
+        yield r
+    finally:
+        await r.close()
+
+
+def scale_calls(rig: Rig) -> list[tuple[str, str, object]]:
+    return [c for c in rig.fake.calls if c[0] != "pool_state"]
+
+
+async def test_a_burst_grows_the_pool_no_faster_than_the_bound(rig: Rig) -> None:
+    """500 tasks land at once on 2 replicas that take 30 s to start: the old rule asked
+    for 500 replicas at once; the bound allows max(4, 100 %) more per 15 s."""
+    c = rig.controller(scale_up_window=0)
+    spec = pool_spec(max_replicas=1000, growth_replicas=4, growth_percent=100)
+    await pools_q.create_pool(rig.db, spec)
+    rig.fake.add_pool("p", replicas=2, nodes=[BIG_NODE], ready_on_start=False)
+    for ref in rig.fake.instances("p"):
+        rig.fake.set_ready("p", ref)
+    await enqueue(rig.db, "p", 500)
+    seen: list[tuple[float, int]] = []  # (time, replicas asked for) after each tick
+    born: dict[str, float] = {}
+    for _ in range(8):
+        now = rig.clock.time() + 10
+        for ref in rig.fake.instances("p"):  # each replica is ready 30 s after it was asked
+            born.setdefault(ref, now)
+            if now - born[ref] >= 30:
+                rig.fake.set_ready("p", ref)
+        res = await rig.tick(c)
+        assert res.error is None
+        seen.append((rig.clock.time(), len(rig.fake.instances("p"))))
+    sizes = [n for _, n in seen]
+    assert sizes[0] == 6  # 2 + max(4, 100 % of 2), not 500
+    for i, (t, n) in enumerate(seen):
+        # the smallest size seen over the 15 s before this tick bounds this tick's growth
+        earlier = [m for u, m in [(seen[0][0] - 10, 2), *seen[:i]] if u >= t - 15] or [n]
+        base = min(earlier)
+        assert n <= base + max(4, base), (sizes, i)
+    assert sizes == sorted(sizes) and sizes[-1] < 500
+    plan = c.last_plan
+    assert plan is not None and "growth bound" in plan.pool("p").reason
+
+
+async def test_the_model_reads_rates_from_postgres_and_shows_its_steps(rig: Rig) -> None:
+    c = rig.controller(scale_up_window=0)
+    await rig.add_pool(replicas=2, growth_replicas=1000)
+    await rig.db.execute(
+        "INSERT INTO tasks (pool_id, status, started_at, finished_at) "
+        "SELECT 'p', 'done', now() - interval '2 s', now() FROM generate_series(1, 30)")
+    await enqueue(rig.db, "p", 3, status="running")
+    await rig.tick(c)
+    doc = msgspec.to_builtins(status_doc(c))
+    text = "\n".join(doc["plan"]["pools"]["p"]["sizing"])
+    # 33 tasks created within the 30 s window, 30 of them done in 2 s each
+    assert "arrivals 1.1/s over 30s, service 2s" in text, text
+    assert "size for min(queued + running, ceil(load + backlog)) = 3 tasks" in text, text
+
+
+async def test_scale_down_drains_k_workers_then_removes_them_at_once(rig: Rig) -> None:
+    c = rig.controller(scale_down_window=0)
+    await rig.add_pool(replicas=6, disruption_replicas=3, disruption_percent=0)
+    refs = rig.fake.instances("p")
+    busy = refs[0]
+    rig.running = {busy: 2}  # the busiest is drained last
+    await rig.tick(c)  # the plan wants 2 replicas (2 running tasks): drain 3 (the budget)
+    rows = await worker_rows(rig.db, "p")
+    draining = sorted(w for w, r in rows.items() if r["status"] == "draining")
+    assert len(draining) == 3 and busy not in draining
+    assert scale_calls(rig) == []
+
+    await rig.tick(c)  # all three report empty after the mark: one removal for the three
+    calls = scale_calls(rig)
+    assert sorted(calls[:3]) == [("set_instance_termination_priority", "p", (w, -1000))
+                                 for w in draining]
+    assert calls[3:] == [("scale_pool", "p", 3)]
+    left = rig.fake.instances("p")
+    assert sorted(left) == sorted(set(refs) - set(draining))  # only drained ones went
+    rows = await worker_rows(rig.db, "p")
+    assert all(rows[w]["status"] == "gone" and rows[w]["removal_target"] == 3
+               for w in draining)
+    assert c.last_plan is not None and "budget spent" in c.last_plan.pool("p").reason
+
+
+async def test_tasks_for_an_idle_pool_wake_the_controller_at_once(pg_dsn: str) -> None:
+    """Scale-from-zero: a 30 s tick interval, and the first task of an idle pool is
+    acted on within a second or two (the NOTIFY on insert ends the wait)."""
+    rig = Rig(pg_dsn, await open_db(pg_dsn), clock=SystemClock())  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    try:
+        c = rig.controller(interval=30)  # the default 30 s up-window: zero skips it
+        await rig.add_pool(replicas=0)
+        listener = await notify.listen_tasks(pg_dsn, c.task_created)
+        assert listener is not None
+        run = asyncio.create_task(c.run(stop))
+        for _ in range(200):  # the first tick: leader, the pool idle
+            if c.last_plan is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert c.last_plan is not None and c.last_plan.pool("p").current_replicas == 0
+        submitted = time.monotonic()
+        await enqueue(rig.db, "p", 1)
+        # the fake records calls in a list, with no event to wait on
+        while not scale_calls(rig) and time.monotonic() - submitted < 10:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        woke = time.monotonic() - submitted
+        assert scale_calls(rig) == [("scale_pool", "p", 1)]
+        assert woke < 5, woke  # not the 30 s interval
+        print(f"wake: first task submitted -> scale_pool(1) in {woke:.3f}s")
+        stop.set()
+        await run
+        await listener.close()
+    finally:
+        stop.set()
+        await rig.close()

@@ -1,0 +1,228 @@
+"""The demand model, the growth bound and the disruption budget in the plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from roost.decide.demand import Estimates, size
+from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
+from roost.decide.plan import PoolHistory, disruption_budget, growth_limit
+from roost.decide.snapshot import (
+    Demand,
+    Infra,
+    InstanceView,
+    PlanSettings,
+    WorkerStatus,
+    pool_spec_problems,
+)
+from tests.unit.test_plan_helpers import (
+    NOW,
+    SETTINGS,
+    db,
+    held,
+    pool,
+    run,
+    snap,
+    spec,
+    worker,
+)
+
+D = WorkerStatus.DRAINING
+S = PlanSettings(startup_default=30.0, drain_horizon=60.0)
+
+
+def _est(service: float | None, startup: float | None = None) -> Estimates:
+    return Estimates(service=service, service_at=NOW, startup=startup)
+
+
+@pytest.mark.parametrize(
+    ("rule", "demand", "est", "replicas", "effective"),
+    [
+        ("no rate: queued + running", Demand(40, 10), _est(1.0), 5, 50),
+        ("no service time yet: queued + running", Demand(40, 10, 5.0), _est(None), 5, 50),
+        ("steady: arrivals x service", Demand(2, 9, 10.0, None), _est(1.0), 4, 10),
+        ("running above the rate's estimate wins (the rate lags a rise)",
+         Demand(0, 30, 10.0), _est(1.0), 10, 30),
+        # 10 replicas x 5 / 1 s = 50/s of capacity, 10/s arriving: 40/s spare clears
+        # 1200 queued in the 30 s start-up: nothing left to size for
+        ("backlog the pool clears before a new replica starts is not counted",
+         Demand(1000, 10, 10.0), _est(1.0), 10, 10),
+        # 2 replicas x 5 / 1 s = 10/s, all taken by arrivals: 600 left over 60 s = 10
+        ("backlog left is drained within the horizon",
+         Demand(600, 10, 10.0), _est(1.0), 2, 20),
+        ("a measured start-up replaces the default",
+         Demand(600, 10, 5.0), _est(1.0, startup=120.0), 2, 10),
+        ("never above queued + running", Demand(3, 0, 100.0), _est(1.0), 1, 3),
+    ],
+)
+def test_demand_model(rule: str, demand: Demand, est: Estimates, replicas: int,
+                      effective: int) -> None:
+    got = size(demand, est, replicas=replicas, target=5, s=S)
+    assert got.effective == effective, (rule, got.explain)
+    assert got.explain, rule
+
+
+def test_estimates_time_a_replica_from_not_ready_to_ready() -> None:
+    def infra(target: int, ready: int) -> Infra:
+        inst = tuple(InstanceView(f"i-{k}", k < ready) for k in range(target))
+        return Infra(target, inst, (), NOW)
+
+    e = Estimates().observe(None, infra(2, 2), NOW, S)
+    e = e.observe(None, infra(4, 2), NOW + 10, S)  # two asked for
+    assert e.starting_since == (NOW + 10, NOW + 10)
+    e = e.observe(None, infra(4, 3), NOW + 50, S)
+    assert e.startup == 40.0 and e.starting_since == (NOW + 10,)
+    e = e.observe(Demand(0, 0, 1.0, 2.0), infra(4, 4), NOW + 60, S)
+    assert e.startup == pytest.approx(40 + 0.3 * (50 - 40)) and e.service == 2.0
+
+
+@pytest.mark.parametrize(
+    ("targets", "current", "growth", "limit"),
+    [
+        (((NOW, 2),), 2, (4, 100), 6),  # max(4, 100 % of 2)
+        (((NOW, 20),), 20, (4, 100), 40),  # max(4, 100 % of 20)
+        (((NOW - 10, 10), (NOW, 20)), 20, (4, 100), 20),  # the period's base was 10
+        (((NOW, 20),), 20, (1, 0), 21),
+    ],
+)
+def test_growth_limit(targets: tuple[tuple[float, int], ...], current: int,
+                      growth: tuple[int, int], limit: int) -> None:
+    s = spec(growth_replicas=growth[0], growth_percent=growth[1])
+    assert growth_limit(s, targets, current) == limit
+
+
+def test_a_burst_grows_the_pool_within_the_bound() -> None:
+    s = spec(growth_replicas=4, growth_percent=100, max_replicas=1000, target_per_replica=1)
+    p = run(snap(pool(s, queued=500, replicas=2)), {"p": held(500)}).pool("p")
+    assert p.desired_replicas == 6 and p.steps == (ScaleUp("p", 6),)
+    assert "growth bound" in p.reason
+    # ten seconds later, the base of the 15 s period is still 2: no more growth yet
+    p2 = run(snap(pool(s, queued=500, replicas=6), read_at=NOW + 10),
+             {"p": p.history}, now=NOW + 10).pool("p")
+    assert p2.desired_replicas == 6
+
+
+def test_min_replicas_is_not_bounded() -> None:
+    s = spec(growth_replicas=1, growth_percent=0, min_replicas=8)
+    p = run(snap(pool(s, replicas=2))).pool("p")
+    assert p.desired_replicas == 8
+
+
+def _idle(n: int, **kw: object) -> object:
+    return pool(spec(**kw), workers=[worker(f"w{i}") for i in range(n)], replicas=n)
+
+
+def test_scale_down_drains_up_to_the_budget_at_once() -> None:
+    p = run(snap(_idle(10, disruption_replicas=3)), {"p": held(0)}).pool("p")  # type: ignore[arg-type]
+    assert p.desired_replicas == 0
+    assert [x.worker_id for x in p.steps if isinstance(x, MarkDraining)] == ["w0", "w1", "w2"]
+    assert "disruption budget" in p.reason
+    # the budget is per period: the next tick drains none
+    nxt = run(snap(_idle(10, disruption_replicas=3), read_at=NOW + 10),  # type: ignore[arg-type]
+              {"p": p.history}, now=NOW + 10).pool("p")
+    assert not [x for x in nxt.steps if isinstance(x, MarkDraining)]
+    assert "budget spent" in nxt.reason
+
+
+def test_disruption_budget_is_the_larger_of_count_and_percent() -> None:
+    assert disruption_budget(spec(disruption_replicas=2, disruption_percent=20), 100) == 20
+    assert disruption_budget(spec(disruption_replicas=2, disruption_percent=20), 5) == 2
+
+
+def test_drained_workers_leave_in_one_removal() -> None:
+    ws = [worker("a"), worker("b", status=D, draining_since=NOW - 20),
+          worker("c", status=D, draining_since=NOW - 20),
+          worker("d", status=D, running=1, draining_since=NOW - 20)]
+    p = run(snap(pool(spec(disruption_replicas=3), workers=ws, replicas=4)),
+            {"p": held(0)}).pool("p")
+    removes = [x for x in p.steps if isinstance(x, RemoveReplica)]
+    assert removes == [RemoveReplica("p", "b", "i-b", 2, also=(("c", "i-c"),))]
+    assert "draining d" in p.reason
+
+
+def test_a_batch_waits_for_a_settled_pool() -> None:
+    ws = [worker("a"), worker("b", status=D, draining_since=NOW - 20),
+          worker("c", status=D, draining_since=NOW - 20)]
+    p = run(snap(pool(spec(disruption_replicas=3), workers=ws, replicas=3, unready=["i-a"])),
+            {"p": held(0)}).pool("p")
+    assert not [x for x in p.steps if isinstance(x, RemoveReplica)]
+
+
+def test_demand_returning_part_way_keeps_only_the_drains_still_needed() -> None:
+    ws = [worker("a", running=5), worker("b", status=D, running=1, draining_since=NOW - 20),
+          worker("c", status=D, draining_since=NOW - 20)]
+    # 3 replicas, demand for 2: one drain is still needed, the drained one is kept
+    p = run(snap(pool(spec(disruption_replicas=3), running=6, workers=ws, replicas=3)),
+            {"p": held(6)}).pool("p")
+    assert Reactivate("p", "b", "demand_returned") in p.steps
+    assert RemoveReplica("p", "c", "i-c", 2) in p.steps
+
+
+def test_a_committed_batch_is_finished_with_its_count() -> None:
+    ws = [worker("a"), worker("b", status=D, draining_since=NOW - 20, removal=1),
+          worker("c", status=D, draining_since=NOW - 20, removal=1)]
+    p = run(snap(pool(workers=ws, replicas=3)), {"p": held(0)}).pool("p")
+    assert p.steps == (RemoveReplica("p", "b", "i-b", 1, also=(("c", "i-c"),)),)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"growth_replicas": 0}, "growth_replicas must be >= 1"),
+        ({"growth_percent": -1}, "growth_percent must be >= 0"),
+        ({"disruption_replicas": 0}, "disruption_replicas must be >= 1"),
+        ({"disruption_replicas": -2}, "disruption_replicas must be >= 1"),
+        ({"disruption_percent": 101}, "disruption_percent must be within 0..100"),
+    ],
+)
+def test_bad_bounds_are_named(change: dict[str, int], words: str) -> None:
+    problems = pool_spec_problems(replace(spec(), **change))  # type: ignore[arg-type]
+    assert len(problems) == 1 and words in problems[0]
+
+
+def test_history_keeps_what_the_bounds_need() -> None:
+    h = run(snap(pool()), {"p": PoolHistory()}, settings=SETTINGS).history["p"]
+    assert h.targets == ((NOW, 2),) and h.estimates.ready == 2
+
+
+def test_a_pool_that_grows_again_soon_after_shrinking_holds_longer() -> None:
+    s = spec(disruption_replicas=5)
+    settings = replace(SETTINGS, flap_window=300.0)
+    idle = run(snap(_idle(4, disruption_replicas=5)), {"p": held(0)},  # type: ignore[arg-type]
+               settings=settings).pool("p")
+    assert [x for x in idle.steps if isinstance(x, MarkDraining)]
+    assert idle.history.shrunk_at == NOW
+    # 60 s later demand is back: the pool grows, and is now flapping
+    back = run(snap(pool(s, queued=50, replicas=1, infra_at=NOW + 60), read_at=NOW + 60,
+                    health=db(at=NOW + 60)),
+               {"p": replace(held(50, seconds=40), shrunk_at=NOW)}, settings=settings,
+               now=NOW + 60).pool("p")
+    assert any(isinstance(x, ScaleUp) for x in back.steps)
+    assert back.history.flap_until == NOW + 60 + 300
+    # demand gone again: a flapping pool waits the flap window, not the 60 s one
+    later = NOW + 200
+    h = replace(back.history, samples=tuple((later - 10 * k, 0) for k in range(12, 0, -1)))
+    calm = run(snap(pool(s, replicas=10, infra_at=later), read_at=later, health=db(at=later)),
+               {"p": h}, settings=settings,
+               now=later).pool("p")
+    assert calm.desired_replicas == 10 and "300s" in calm.reason
+
+
+def test_an_idle_pool_scales_from_zero_without_the_window() -> None:
+    p = run(snap(pool(spec(growth_replicas=4), queued=30, replicas=0, workers=[])),
+            {"p": held(0)}).pool("p")
+    assert p.desired_replicas == 4  # 6 wanted, the growth bound allows 4 from zero
+    assert "scale from zero" in p.reason and p.steps == (ScaleUp("p", 4),)
+
+
+def test_an_orchestrator_that_removes_one_at_a_time_gets_batches_of_one() -> None:
+    ws = [worker("a"), worker("b", status=D, draining_since=NOW - 20),
+          worker("c", status=D, draining_since=NOW - 20)]
+    inputs = pool(spec(disruption_replicas=3), workers=ws, replicas=3)
+    assert inputs.infra is not None
+    inputs = replace(inputs, infra=replace(inputs.infra, removal_batch=1))
+    p = run(snap(inputs), {"p": held(0)}).pool("p")
+    assert [x for x in p.steps if isinstance(x, RemoveReplica)] == [
+        RemoveReplica("p", "b", "i-b", 2)]
