@@ -103,7 +103,9 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @_opt("--retry-backoff-max", type=click.FloatRange(0), default=300.0)
 @_opt("--metrics-port", type=click.IntRange(1, 65535), default=None,
       help="Serve Prometheus /metrics on this port (default: none).")
-@_opt("--metrics-host", default="0.0.0.0", help="Address for --metrics-port.")
+@_opt("--metrics-host", default="127.0.0.1",
+      help="Address for --metrics-port (loopback by default; a Kubernetes pod that is "
+           "scraped sets 0.0.0.0, as the example Deployment does).")
 @_opt("--app-dir", default=".", help="Directory put first on sys.path to import MODULE.")
 @_opt("--log-level", default="info",
       type=click.Choice(["debug", "info", "warning", "error"]))
