@@ -115,11 +115,11 @@ class ProcessDriver:
         if iid in self._stopping:
             return
         group = self._groups.pop(iid, None)
+        base, mem_mib = self._oom_base.pop(iid, 0), self._mem_mib.pop(iid, None)
         oom: int | None = None
         if group is not None:
-            if group.usage().oom_kills > self._oom_base.get(iid, 0):
-                oom = self._mem_mib.get(iid)
-                log.warning("instance %s: killed by its memory limit (%s MiB)", iid, oom)
+            if group.usage().oom_kills > base:
+                oom = mem_mib  # the agent logs it, naming the node
             await _empty(group, grace=0.0)
             _remove(group)
         elif ref is not None:
@@ -182,6 +182,8 @@ class ProcessDriver:
             if group is not None and not keep:
                 _remove(group)
                 self._groups.pop(instance_id, None)
+                self._oom_base.pop(instance_id, None)
+                self._mem_mib.pop(instance_id, None)
         finally:
             self._stopping.discard(instance_id)
             self._refs.pop(instance_id, None)
