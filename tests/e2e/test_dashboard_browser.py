@@ -262,6 +262,8 @@ def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path
             first.click()
             page.wait_for_url(f"**/instances/{iid}")
             assert f"--instance-ids {iid}" in page.content()
+            page.get_by_role("button", name="Show the console's tail").click()
+            page.wait_for_selector("#console p.muted")  # the sim driver keeps none
             _shot(page, dirs, "instance")
 
             page.goto(base + "/placement")
