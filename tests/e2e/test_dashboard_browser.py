@@ -86,7 +86,7 @@ class BoardCluster(ThreadedCluster):
         zero = parse_quantity("0vcpu,0MiB")
         hosts = {"cpu-1": HostCapacity(parse_quantity("8vcpu,32GiB"), reserve=zero),
                  "cpu-2": HostCapacity(parse_quantity("8vcpu,32GiB"), reserve=zero),
-                 "gpu-1": HostCapacity(parse_quantity("32vcpu,128GiB"),
+                 "gpu-1": HostCapacity(parse_quantity("12vcpu,128GiB"),
                                        gpus=parse_gpus("4xA10G"), reserve=zero)}
         nodes = NodesComponent([
             NodeConfig(node_id=nid, nats_urls=[nats.url], data_dir=tmp / nid, host=host,
@@ -177,12 +177,13 @@ def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path
     sync_playwright = browser_or_fail()
     c = board_cluster
     ec2 = c.client()
+    # The GPU launches first: they fit only on gpu-1 and take 10 of its 12 vCPU.
+    ec2.run_instances(ImageId=IMAGE, InstanceType="g5.xlarge", MinCount=2, MaxCount=2)
+    ec2.run_instances(ImageId=IMAGE, InstanceType="gs1.quarter", MinCount=1, MaxCount=1)
     launched = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=3,
                                  MaxCount=3, TagSpecifications=[{
                                      "ResourceType": "instance",
                                      "Tags": [{"Key": "team", "Value": "web"}]}])
-    ec2.run_instances(ImageId=IMAGE, InstanceType="g5.xlarge", MinCount=2, MaxCount=2)
-    ec2.run_instances(ImageId=IMAGE, InstanceType="gs1.quarter", MinCount=1, MaxCount=1)
     ec2.terminate_instances(InstanceIds=[launched["Instances"][0]["InstanceId"]])
     c.pool_under_load()
     base = c.board.url
