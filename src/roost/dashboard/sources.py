@@ -179,8 +179,9 @@ class LiveSource:
     def _on_capacity(self, view: CapacityView) -> Callable[[Msg], Awaitable[None]]:
         async def cb(msg: Msg) -> None:
             try:
+                # No cache reset here: with a thousand nodes snapshots arrive hundreds of
+                # times a second, and the state is at most half a second old anyway.
                 view.apply(decode(msg.data, CapacitySnapshot))
-                self._cached = None
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 log.warning("ignoring bad capacity snapshot on %s: %s", msg.subject, exc)
         return cb
