@@ -173,6 +173,7 @@ def _roost_status(c: BoardCluster) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.timeout(300)  # a cluster with Postgres, and a browser, on a busy 2-core machine
 def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path) -> None:
     sync_playwright = browser_or_fail()
     c = board_cluster
