@@ -304,3 +304,10 @@ def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path
     for name in ("overview", "nodes", "instances", "instance", "placement", "pools",
                  "events", "overview-phone"):
         assert (dirs[0] / f"{name}.png").stat().st_size > 5000, name
+
+
+def test_a_missing_browser_fails_and_says_how_to_install_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):
+        browser_or_fail()
