@@ -86,7 +86,7 @@ class BoardCluster(ThreadedCluster):
         zero = parse_quantity("0vcpu,0MiB")
         hosts = {"cpu-1": HostCapacity(parse_quantity("8vcpu,32GiB"), reserve=zero),
                  "cpu-2": HostCapacity(parse_quantity("8vcpu,32GiB"), reserve=zero),
-                 "gpu-1": HostCapacity(parse_quantity("32vcpu,128GiB"),
+                 "gpu-1": HostCapacity(parse_quantity("12vcpu,128GiB"),
                                        gpus=parse_gpus("4xA10G"), reserve=zero)}
         nodes = NodesComponent([
             NodeConfig(node_id=nid, nats_urls=[nats.url], data_dir=tmp / nid, host=host,
@@ -173,16 +173,18 @@ def _roost_status(c: BoardCluster) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.timeout(300)  # a cluster with Postgres, and a browser, on a busy 2-core machine
 def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path) -> None:
     sync_playwright = browser_or_fail()
     c = board_cluster
     ec2 = c.client()
+    # The GPU launches first: they fit only on gpu-1 and take 10 of its 12 vCPU.
+    ec2.run_instances(ImageId=IMAGE, InstanceType="g5.xlarge", MinCount=2, MaxCount=2)
+    ec2.run_instances(ImageId=IMAGE, InstanceType="gs1.quarter", MinCount=1, MaxCount=1)
     launched = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=3,
                                  MaxCount=3, TagSpecifications=[{
                                      "ResourceType": "instance",
                                      "Tags": [{"Key": "team", "Value": "web"}]}])
-    ec2.run_instances(ImageId=IMAGE, InstanceType="g5.xlarge", MinCount=2, MaxCount=2)
-    ec2.run_instances(ImageId=IMAGE, InstanceType="gs1.quarter", MinCount=1, MaxCount=1)
     ec2.terminate_instances(InstanceIds=[launched["Instances"][0]["InstanceId"]])
     c.pool_under_load()
     base = c.board.url
@@ -262,6 +264,8 @@ def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path
             first.click()
             page.wait_for_url(f"**/instances/{iid}")
             assert f"--instance-ids {iid}" in page.content()
+            page.get_by_role("button", name="Show the console's tail").click()
+            page.wait_for_selector("#console p.muted")  # the sim driver keeps none
             _shot(page, dirs, "instance")
 
             page.goto(base + "/placement")
@@ -300,3 +304,10 @@ def test_dashboard_in_a_real_browser(board_cluster: BoardCluster, tmp_path: Path
     for name in ("overview", "nodes", "instances", "instance", "placement", "pools",
                  "events", "overview-phone"):
         assert (dirs[0] / f"{name}.png").stat().st_size > 5000, name
+
+
+def test_a_missing_browser_fails_and_says_how_to_install_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):
+        browser_or_fail()

@@ -21,7 +21,7 @@ from roost.dashboard.app import PAGES, DashboardSettings, build_app
 from roost.dashboard.history import History
 from roost.dashboard.model import ClusterState, LaunchCounters, NodeState, quantile
 from roost.dashboard.recorder import Recorder
-from roost.dashboard.sources import StaticSource, counters_from_text
+from roost.dashboard.sources import StaticSource, console_text, counters_from_text
 
 NOW = 1_780_000_000.0
 KEY, SECRET = "AKIATESTTESTTESTTEST", "s3cret-s3cret"
@@ -385,3 +385,30 @@ def test_roost_dashboard_refuses_a_public_bind_without_credentials() -> None:
                                        "nats://127.0.0.1:1"])
     assert result.exit_code == 2
     assert "refusing to serve the dashboard on '0.0.0.0' without credentials" in result.output
+
+
+def test_console_tail_needs_credentials() -> None:
+    lines = "\n".join(f"line {i}" for i in range(100))
+    source = StaticSource(known_state(), consoles={"i-a": lines})
+    app = build_app(source, Recorder(source, History()), DashboardSettings(
+        credentials={KEY: SECRET}))
+    with TestClient(app) as client:
+        assert 'hx-get="/instances/i-a/console"' in client.get("/instances/i-a").text
+        assert client.get("/instances/i-a/console").status_code == 401
+        shown = client.get("/instances/i-a/console", headers=_basic(KEY, SECRET))
+        assert shown.status_code == 200 and "The last 100 lines" in shown.text
+        assert "line 99" in shown.text
+        empty = client.get("/instances/i-b/console", headers=_basic(KEY, SECRET)).text
+        assert "No console output." in empty
+        assert client.get("/instances/i-zz/console",
+                          headers=_basic(KEY, SECRET)).status_code == 404
+    app = build_app(source, Recorder(source, History()), DashboardSettings())
+    with TestClient(app) as client:
+        r = client.get("/instances/i-a/console", headers=_basic(KEY, SECRET))
+    assert r.status_code == 403 and "line 99" not in r.text
+
+
+def test_console_text_keeps_the_last_lines() -> None:
+    raw = base64.b64encode("\n".join(f"l{i}" for i in range(100)).encode()).decode()
+    assert console_text(raw, 3) == "l97\nl98\nl99"
+    assert console_text("") == ""

@@ -29,7 +29,7 @@ from roost.dashboard import fmt, views
 from roost.dashboard.access import CHALLENGE, basic_user, is_loopback
 from roost.dashboard.history import History
 from roost.dashboard.recorder import Recorder
-from roost.dashboard.sources import ClusterSource, DrainFailed
+from roost.dashboard.sources import ClusterSource, ConsoleUnavailable, DrainFailed
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,24 @@ def build_app(source: ClusterSource, recorder: Recorder, settings: DashboardSett
                       text=f"Node {reply.node_id} is draining: it takes no new launches; "
                            f"its {reply.instances} instances keep running.")
 
+    async def console(request: Request) -> Response:
+        """The console tail needs the credentials, as GetConsoleOutput does: a program's
+        output may hold what its owner would not show every reader of the dashboard."""
+        if not settings.credentials:
+            return render("notice.html", 403, ok=False, text="This dashboard is read-only "
+                          "(started without credentials), so it shows no console output.")
+        if basic_user(request.headers.get("authorization", ""), settings.credentials) is None:
+            return Response("credentials needed for console output\n", 401,
+                            headers=CHALLENGE, media_type="text/plain")
+        rec = source.state().instances.get(request.path_params["instance_id"])
+        if rec is None:
+            return render("notice.html", 404, ok=False, text="No such instance.")
+        try:
+            text, at = await source.console(rec)
+        except ConsoleUnavailable as exc:
+            return render("notice.html", 502, ok=False, text=str(exc))
+        return render("console.html", text=text, at=at, rec=rec)
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "ticks": recorder.seq})
 
@@ -191,6 +209,7 @@ def build_app(source: ClusterSource, recorder: Recorder, settings: DashboardSett
     routes += [
         Route("/fragment/{name}", fragment),
         Route("/instances/{instance_id}", instance),
+        Route("/instances/{instance_id}/console", console),
         Route("/nodes/{node_id}/drain", drain, methods=["POST"]),
         Route("/api/history", history_json),
         Route("/stream", stream),

@@ -10,6 +10,7 @@ serves a state given by hand: the tests' and the benchmark's fake, next to the r
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -24,7 +25,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from roost.bus import subjects
 from roost.bus.connect import connect, key_value
-from roost.bus.schemas import CapacitySnapshot, DrainReply, DrainRequest, decode, encode
+from roost.bus.schemas import (
+    CapacitySnapshot,
+    CommandReply,
+    DrainReply,
+    DrainRequest,
+    InstanceCommand,
+    InstanceRecord,
+    decode,
+    encode,
+)
 from roost.dashboard.model import ClusterState, LaunchCounters, NodeState
 from roost.gateway.capacity import CapacityView
 from roost.gateway.index import InstanceIndex
@@ -36,6 +46,19 @@ class DrainFailed(Exception):
     pass
 
 
+class ConsoleUnavailable(Exception):
+    pass
+
+
+CONSOLE_TAIL_LINES = 60
+
+
+def console_text(b64: str, lines: int = CONSOLE_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a base64 console tail, as text."""
+    raw = base64.b64decode(b64 or "").decode("utf-8", errors="replace")
+    return "\n".join(raw.splitlines()[-lines:])
+
+
 class ClusterSource(Protocol):
     def state(self) -> ClusterState: ...
 
@@ -44,13 +67,20 @@ class ClusterSource(Protocol):
 
     async def drain(self, node_id: str) -> DrainReply: ...
 
+    async def console(self, rec: InstanceRecord) -> tuple[str, str]:
+        """The tail of the instance's console as text, and when it was read."""
+        ...
+
 
 class StaticSource:
     """A fixed state; `drain` marks the node draining in it."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, *, consoles: Mapping[str, str] | None = None
+                 ) -> None:
         self._state = state
         self.drained: list[str] = []
+        self.consoles = dict(consoles or {})
+        """Instance id -> console text."""
 
     def state(self) -> ClusterState:
         return self._state
@@ -73,6 +103,9 @@ class StaticSource:
                 self.drained.append(node_id)
                 return DrainReply(node_id=node_id, draining=True, instances=snap.instances)
         raise DrainFailed(f"no node {node_id} in the view")
+
+    async def console(self, rec: InstanceRecord) -> tuple[str, str]:
+        return self.consoles.get(rec.instance_id, ""), rec.updated_at
 
 
 def launch_counters(registry: CollectorRegistry) -> LaunchCounters:
@@ -146,8 +179,9 @@ class LiveSource:
     def _on_capacity(self, view: CapacityView) -> Callable[[Msg], Awaitable[None]]:
         async def cb(msg: Msg) -> None:
             try:
+                # No cache reset here: with a thousand nodes snapshots arrive hundreds of
+                # times a second, and the state is at most half a second old anyway.
                 view.apply(decode(msg.data, CapacitySnapshot))
-                self._cached = None
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 log.warning("ignoring bad capacity snapshot on %s: %s", msg.subject, exc)
         return cb
@@ -212,3 +246,23 @@ class LiveSource:
                               ) from None
         self._cached = None
         return reply
+
+    async def console(self, rec: InstanceRecord) -> tuple[str, str]:
+        """Ask the node that owns ``rec`` for its console, as the gateway's
+        GetConsoleOutput does (a terminated instance has none)."""
+        if rec.state == "terminated":
+            return "", rec.updated_at
+        if self._nc is None:
+            raise ConsoleUnavailable("not connected to NATS")
+        try:
+            msg = await self._nc.request(
+                subjects.node_command(rec.node_id),
+                encode(InstanceCommand(op="console", instance_id=rec.instance_id)),
+                timeout=self.timeout)
+            reply = decode(msg.data, CommandReply)
+        except Exception as exc:
+            raise ConsoleUnavailable(f"node {rec.node_id} did not answer: "
+                                     f"{type(exc).__name__} {exc}") from None
+        if not reply.ok:
+            raise ConsoleUnavailable(reply.message or reply.error or "the node refused")
+        return console_text(reply.console), reply.console_at
