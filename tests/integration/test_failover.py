@@ -286,7 +286,11 @@ async def test_a_follower_behind_a_silent_lock_holder_says_why(
     try:
         async with httpx.AsyncClient(timeout=2) as http:
             # The follower may take the lock first: wait for it to lead, then take it.
-            await _wait_for("the follower leads", lambda: _is(db, "follower"), 20)
+            async def leads() -> bool:
+                code, body = await _readyz(follower)
+                return code == 200 and body["leader"] is True
+
+            await _wait_for("the follower leads", leads, 20)
             await db.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE application_name = 'roost-controller follower'")
@@ -295,8 +299,8 @@ async def test_a_follower_behind_a_silent_lock_holder_says_why(
                                                       *lease.LOCK_KEY), 10)
 
             async def not_ready() -> bool:
-                code, _ = await _readyz(follower)
-                return code == 503
+                code, body = await _readyz(follower)
+                return code == 503 and "cannot take the lead" in body.get("detail", "")
 
             took = await _wait_for("the follower says it cannot lead", not_ready, 10)
             print(f"\nfollower not ready {took:.1f}s after the lock holder went silent")
@@ -304,18 +308,18 @@ async def test_a_follower_behind_a_silent_lock_holder_says_why(
             assert code == 503
             assert "cannot take the lead" in body["detail"]
             assert "squatter" in body["detail"] and "silent past the 2s lease" in body["detail"]
+            async def tick_saw_it() -> bool:  # the next follower tick records it too
+                doc = (await http.get(f"{follower}/status")).json()
+                return "cannot take the lead" in (doc["lastError"] or "")
+
+            await _wait_for("a tick reports it", tick_saw_it, 15)
             doc = (await http.get(f"{follower}/status")).json()
             assert doc["ready"] is False and doc["leader"] is False
-            assert "cannot take the lead" in doc["lastError"]
             assert "cannot take the lead" in doc["leadershipProblem"]
             assert doc["following"] == "squatter"
         await squatter.close()  # the lock goes with the session
 
-        async def leads_again() -> bool:
-            code, body = await _readyz(follower)
-            return code == 200 and body["leader"] is True
-
-        await _wait_for("the follower leads once the holder is gone", leads_again, 10)
+        await _wait_for("the follower leads once the holder is gone", leads, 10)
     finally:
         squatter.terminate()
 

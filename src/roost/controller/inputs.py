@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import asyncpg
-
 from roost.controller.clock import Clock
 from roost.controller.orchestrator import (
     Orchestrator,
@@ -27,8 +25,9 @@ from roost.controller.orchestrator import (
 from roost.decide.snapshot import DbHealth, Demand, PoolInputs, PoolSpec, Snapshot, WorkerView
 from roost.store import pools as pools_q
 from roost.store import runtime
+from roost.store.session import CONNECTION_ERRORS
 
-DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+DB_ERRORS = CONNECTION_ERRORS
 log = logging.getLogger("roost.controller.inputs")
 
 

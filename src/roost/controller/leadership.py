@@ -36,11 +36,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import asyncpg
-
 from roost.controller.clock import Clock
 from roost.store import lease
-from roost.store.session import SessionBounds, connect
+from roost.store.session import CONNECTION_ERRORS, SessionBounds, connect
 
 log = logging.getLogger("roost.controller.leadership")
 
@@ -136,7 +134,7 @@ class Leadership:
         try:
             conn = await connect(self.dsn, self.bounds, timeout=self.connect_timeout,
                                  statement_cache_size=0)
-        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        except CONNECTION_ERRORS as exc:
             raise LeadershipError(f"cannot connect to Postgres: {exc}") from exc
         conn.add_termination_listener(self._on_terminated)
         return conn
@@ -160,8 +158,7 @@ class Leadership:
         except lease.LeaseRowBlocked as exc:
             self._drop()
             raise LeadershipError(f"cannot take the lead: {exc}") from exc
-        except (OSError, TimeoutError, asyncpg.PostgresError,
-                asyncpg.InterfaceError) as exc:
+        except CONNECTION_ERRORS as exc:
             self._drop()
             raise LeadershipError(f"leader election failed: {exc or type(exc).__name__}"
                                   ) from exc
@@ -193,7 +190,7 @@ class Leadership:
         try:
             held = await lease.holds_lock(self._conn, timeout=self.keepalive_timeout)
             cur = await lease.current(self._conn, timeout=self.keepalive_timeout)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except CONNECTION_ERRORS as exc:
             await self.step_down(f"keep-alive failed: {exc or type(exc).__name__}")
             return False
         if not held:

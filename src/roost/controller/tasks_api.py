@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import asyncpg
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,13 +34,14 @@ from starlette.routing import Route
 from roost.controller.status import Problem
 from roost.store import tasks as tq
 from roost.store.errors import PoolNotFound
+from roost.store.session import CONNECTION_ERRORS
 
 log = logging.getLogger("roost.controller.tasks_api")
 
 POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 MAX_BODY = 1 << 20
 _MAX_ID = (1 << 63) - 1
-DB_ERRORS = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+DB_ERRORS = CONNECTION_ERRORS
 _STATUS = {"queued": "queued", "running": "running", "done": "succeeded", "failed": "failed"}
 
 

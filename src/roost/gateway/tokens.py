@@ -35,7 +35,6 @@ goes quiet) or done (and replays it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import secrets
@@ -80,6 +79,11 @@ class Claim:
     entry: TokenEntry | None = field(default=None, repr=False)
     lost: bool = False
     """Another request took the claim over: finish and release leave the entry alone."""
+    renewing: bool = True
+    renewer: asyncio.Task[None] | None = field(default=None, repr=False)
+    """Cleared when the claim is settled or abandoned: its renewer stops at its next step.
+    The renewer is cancelled too, but never awaited: a cancellation that races a reply can
+    be lost (Python 3.11's ``wait_for``), and a request must not hang on it."""
 
 
 def fingerprint(parts: tuple[object, ...]) -> str:
@@ -118,7 +122,7 @@ class TokenStore:
         self._give_up_after = give_up_after
         self._clock = clock
         self._max_watched = max_watched
-        self._renewers: dict[str, asyncio.Task[None]] = {}
+        self._renewers: set[asyncio.Task[None]] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._abandoned: OrderedDict[str, str] = OrderedDict()
         """key -> claimant of a pending entry nobody here works on any more."""
@@ -233,33 +237,37 @@ class TokenStore:
 
     def _hold(self, claim: Claim) -> None:
         """Renew ``claim`` while the request that made it runs."""
+        claim.renewer = renewer = asyncio.create_task(
+            self._renew(claim), name=f"client-token-renew {claim.reservation_id}")
+        self._renewers.add(renewer)
+        renewer.add_done_callback(self._renewers.discard)
         owner = asyncio.current_task()
-        renewer = asyncio.create_task(self._renew(claim, owner),
-                                      name=f"client-token-renew {claim.reservation_id}")
-        self._renewers[claim.key] = renewer
         if owner is not None:
-            owner.add_done_callback(lambda _t: self._request_ended(claim, renewer))
+            owner.add_done_callback(lambda _t: self._request_ended(claim))
 
-    def _request_ended(self, claim: Claim, renewer: asyncio.Task[None]) -> None:
+    def _request_ended(self, claim: Claim) -> None:
         """The request ended holding the claim (neither finished nor released it): stop
         renewing, and let the next repeat here take it over at once."""
-        if self._renewers.get(claim.key) is renewer:
-            del self._renewers[claim.key]
-            renewer.cancel()
+        if claim.renewing:
+            self._stop_renewing(claim)
             if not claim.lost:
                 self._remember(self._abandoned, claim.key, claim.claimant)
 
-    async def _renew(self, claim: Claim, owner: asyncio.Task[object] | None) -> None:
+    async def _renew(self, claim: Claim) -> None:
         period = self._lease / 4
         assert claim.entry is not None
         value = msgspec.json.encode(claim.entry)
         started = self._clock()
-        while self._clock() - started < self._give_up_after:
+        while claim.renewing and self._clock() - started < self._give_up_after:
             await asyncio.sleep(period)
+            if not claim.renewing:
+                return
             try:
-                claim.revision = await self._kv.update(claim.key, value, last=claim.revision)
+                rev = await self._kv.update(claim.key, value, last=claim.revision)
             except _WRONG_REVISION:
-                if await self._still_ours(claim):
+                # A finish or release of ours, or our own update that timed out, may
+                # have landed first: only a claim still pending for us goes on.
+                if not claim.renewing or await self._still_ours(claim):
                     continue
                 claim.lost = True
                 log.warning("ClientToken claim for reservation %s was taken over",
@@ -268,6 +276,9 @@ class TokenStore:
             except _KV_DOWN as exc:
                 self._outage()
                 log.info("could not renew ClientToken claim %s: %r", claim.reservation_id, exc)
+                continue
+            if claim.renewing:
+                claim.revision = rev
 
     async def _still_ours(self, claim: Claim) -> bool:
         """After a revision mismatch: a write of ours that timed out may have landed
@@ -282,12 +293,10 @@ class TokenStore:
             return True
         return False
 
-    async def _stop_renewing(self, claim: Claim) -> None:
-        renewer = self._renewers.pop(claim.key, None)
-        if renewer is not None and renewer is not asyncio.current_task():
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+    def _stop_renewing(self, claim: Claim) -> None:
+        claim.renewing = False
+        if claim.renewer is not None:
+            claim.renewer.cancel()
 
     # ---- finishing ------------------------------------------------------------------------
 
@@ -307,7 +316,7 @@ class TokenStore:
         """Record the result at the claim's revision; retried in the background while
         the bucket is unreachable (a repeat meanwhile takes the claim over and finds the
         same instances by launch id)."""
-        await self._stop_renewing(claim)
+        self._stop_renewing(claim)
         entry = TokenEntry(state="done", fingerprint=fingerprint,
                            reservation_id=claim.reservation_id, owner_id=owner_id,
                            claimant=claim.claimant, started_at=time.time(),
@@ -321,7 +330,7 @@ class TokenStore:
     async def release(self, claim: Claim) -> None:
         """Forget a claim whose launch failed, so that a retry launches afresh; only the
         claim this request holds, never one taken over since."""
-        await self._stop_renewing(claim)
+        self._stop_renewing(claim)
         async def step() -> object:
             return await self._kv.delete(claim.key, last=claim.revision)
 
@@ -374,11 +383,11 @@ class TokenStore:
     async def close(self) -> None:
         """Stop renewing and retrying (a gateway shutting down): its claims go quiet and
         are taken over after a lease."""
-        tasks = [*self._renewers.values(), *self._background]
-        self._renewers.clear()
+        tasks = [*self._renewers, *self._background]
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # bounded: a cancellation lost in a race must not hang a shutdown
+            await asyncio.wait(tasks, timeout=2.0)
 
 
 class _Pending(Exception):

@@ -62,6 +62,15 @@ class SessionBounds:
         return out
 
 
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+    # A query sent while asyncpg is still consuming the error that ended its session
+    # (pg_terminate_backend, a server restart) fails with "cannot switch to state ...;
+    # another operation is in progress": the connection is as dead as the others say.
+    asyncpg.InternalClientError,
+)
+"""What a controller query can fail with when its connection or server goes."""
+
 _UNKNOWN_SETTING = "42704"  # undefined_object: "unrecognized configuration parameter"
 
 
