@@ -97,7 +97,9 @@ def test_cpu_quota_holds_a_busy_instance(ec2: Any, lcluster: ThreadedCluster) ->
     first, t0 = usage(lcluster, iid).cpu_seconds, time.monotonic()
     time.sleep(3.0)
     rate = (usage(lcluster, iid).cpu_seconds - first) / (time.monotonic() - t0)
-    assert 0.3 < rate <= 1.1, f"{rate:.2f} CPU-seconds per second for a 1-vCPU type"
+    # At most the quota; and it did spin (on a loaded host it may get well under one CPU).
+    assert 0.05 < rate <= 1.1, f"{rate:.2f} CPU-seconds per second for a 1-vCPU type"
+    print(f"\nbusy 1-vCPU instance: {rate:.3f} CPU-seconds per second")
 
 
 def test_fork_bomb_stays_under_the_pids_limit(ec2: Any, lcluster: ThreadedCluster) -> None:

@@ -27,3 +27,15 @@ def test_trim_keeps_the_tail_once_past_the_limit(tmp_path: Path) -> None:
         f.write(b"z")
     assert log.read_bytes() == b"y" * 100 + b"z"
     assert not trim_console(tmp_path / "missing.log")
+
+
+def test_an_instance_gets_no_secret_of_the_nodes() -> None:
+    from roost.node.process import instance_environment
+
+    env = instance_environment({
+        "PATH": "/usr/bin", "LANG": "C.UTF-8", "AWS_ACCESS_KEY_ID": "AKIA", "AWS_REGION": "x",
+        "ROOST_GATEWAY_CREDENTIALS": "k:s", "ROOST_NODE_NATS": "nats://u:p@h",
+        "ROOST_WORKER_LEASE": "3", "ROOST_WORKER_DSN": "postgresql://u:p@h/db",
+        "PGPASSWORD": "p", "GITHUB_TOKEN": "t", "MY_API_KEY": "k", "DB_SECRET": "s",
+    })
+    assert env == {"PATH": "/usr/bin", "LANG": "C.UTF-8", "ROOST_WORKER_LEASE": "3"}

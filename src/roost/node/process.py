@@ -243,16 +243,24 @@ class ProcessDriver:
 
 
 _PRIVATE = ("AWS_", "ROOST_")
+_PASSED = ("ROOST_WORKER_",)  # worker settings an operator gives every instance
 _PRIVATE_WORDS = ("SECRET", "PASSWORD", "TOKEN", "CREDENTIAL", "DSN", "KEY")
 
 
 def instance_environment(node_env: Mapping[str, str]) -> dict[str, str]:
     """The node's environment without anything that could be a secret or steer an SDK
-    (AWS_*, ROOST_*, *SECRET*, *TOKEN*, ...): an instance learns who it is from its
-    metadata service, never from the node's credentials."""
-    return {k: v for k, v in node_env.items()
-            if not k.upper().startswith(_PRIVATE)
-            and not any(w in k.upper() for w in _PRIVATE_WORDS)}
+    (AWS_*, ROOST_* but the worker's settings, *SECRET*, *TOKEN*, *DSN*, ...): an
+    instance learns who it is from its metadata service, never from the node's
+    credentials."""
+    out = {}
+    for k, v in node_env.items():
+        name = k.upper()
+        if name.startswith(_PRIVATE) and not name.startswith(_PASSED):
+            continue
+        if any(w in name for w in _PRIVATE_WORDS):
+            continue
+        out[k] = v
+    return out
 
 
 async def _joined(group: InstanceCgroup, proc: asyncio.subprocess.Process) -> None:
