@@ -26,6 +26,15 @@ CLIENT_TOKENS_BUCKET = "roost_client_tokens"
 """JetStream KV bucket with a TTL: hash(owner, ClientToken) -> the RunInstances result,
 written by gateways."""
 
+NETWORK_BUCKET = "roost_network"
+"""JetStream KV bucket: VPC, subnet and security group id -> record, and
+``sgname.<vpc>.<name>`` -> group id; written by gateways, create or compare-and-set."""
+ADDRESSES_BUCKET = "roost_addresses"
+"""JetStream KV bucket: ``<subnet>.<a_b_c_d>`` -> the launch that holds the private
+address; created by the allocating gateway, deleted (by revision) on release."""
+KEY_PAIRS_BUCKET = "roost_key_pairs"
+"""JetStream KV bucket: base32 key name -> key pair (public half only); gateways."""
+
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 

@@ -6,32 +6,16 @@ well-formed call is), `service`/`reads` (what it does) or `render` (how EC2 show
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-
 from roost.gateway import render
 from roost.gateway import requests as rq
-from roost.gateway.query import Params
-from roost.gateway.reads import Ec2Reads
-from roost.gateway.service import Ec2Service
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One request as the actions see it."""
-
-    params: Params
-    request_id: str
-    service: Ec2Service
-    reads: Ec2Reads
-
-
-Action = Callable[[Call], Awaitable[str]]
+from roost.gateway.call import Action, Call
+from roost.gateway.netactions import NETWORK_ACTIONS
 
 
 async def run_instances(c: Call) -> str:
     reservation = await c.service.run_instances(rq.parse_run_instances(c.params))
-    return render.run_instances(reservation, c.service.types.all(), c.request_id)
+    return render.run_instances(reservation, c.service.types.all(), c.request_id,
+                                c.service.net.group_names())
 
 
 async def terminate_instances(c: Call) -> str:
@@ -51,7 +35,8 @@ async def start_instances(c: Call) -> str:
 
 async def describe_instances(c: Call) -> str:
     page = await c.reads.describe_instances(rq.parse_describe_instances(c.params))
-    return render.describe_instances(page, c.service.types.all(), c.request_id)
+    return render.describe_instances(page, c.service.types.all(), c.request_id,
+                                     c.service.net.group_names())
 
 
 async def describe_instance_status(c: Call) -> str:
@@ -151,4 +136,5 @@ ACTIONS: dict[str, Action] = {
     "ModifyInstanceMetadataOptions": modify_instance_metadata_options,
     "RebootInstances": reboot_instances,
     "GetConsoleOutput": get_console_output,
+    **NETWORK_ACTIONS,
 }

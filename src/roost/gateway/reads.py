@@ -11,6 +11,7 @@ from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     DryRunOperation,
     InvalidAMIIDNotFound,
+    InvalidInstanceType,
     InvalidParameterValue,
 )
 from roost.domain.images import IMAGES, Image
@@ -31,6 +32,7 @@ from roost.gateway.model import (
     TagRow,
     Zone,
 )
+from roost.gateway.netreads import NetworkReads
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -66,6 +68,7 @@ class Ec2Reads:
     def __init__(self, service: Ec2Service, *, endpoint: str = "") -> None:
         self.service = service
         self.endpoint = endpoint
+        self.net = NetworkReads(service.net.store, service.index)
 
     def _instances(self, req: DescribeRequest, records: Iterable[InstanceRecord],
                    fields: dict[str, Field[InstanceRecord]]) -> list[InstanceRecord]:
@@ -75,7 +78,14 @@ class Ec2Reads:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
-        page = paginate(self._instances(req, records, INSTANCE_FIELDS), req.page,
+        names = self.service.net.group_names()
+        fields: dict[str, Field[InstanceRecord]] = {
+            **INSTANCE_FIELDS,
+            "instance.group-name": lambda r: [names.get(g, "") for g in
+                                              r.net.security_group_ids],
+            "group-name": lambda r: [names.get(g, "") for g in r.net.security_group_ids],
+        }
+        page = paginate(self._instances(req, records, fields), req.page,
                         key=lambda r: r.instance_id)
         grouped: dict[str, list[InstanceRecord]] = {}
         for rec in page.items:
@@ -105,7 +115,7 @@ class Ec2Reads:
         types = registry.all()
         missing = [n for n in req.ids if n not in types]
         if missing:
-            raise InvalidParameterValue(
+            raise InvalidInstanceType(
                 f"The following supplied instance types do not exist: [{', '.join(missing)}]"
             )
         chosen = [types[n] for n in dict.fromkeys(req.ids)] if req.ids else types.values()

@@ -13,6 +13,7 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
+from roost.domain.network import private_dns_name
 from roost.gateway.model import InstanceAttribute, Paged, Reservation, StateChange, TagRow, Zone
 from roost.gateway.xml import Fragment, items, node, response, text, timestamp, values
 
@@ -28,44 +29,111 @@ def state(tag: str, name: str) -> Fragment:
 
 
 def _tags(tags: Mapping[str, str]) -> Fragment:
+    """A resource's tagSet; EC2 leaves the element out when there are none."""
+    if not tags:
+        return Fragment("")
     return items("tagSet", (text("key", k) + text("value", v) for k, v in tags.items()))
 
 
-def _dns(ip: str) -> str:
-    return f"ip-{ip.replace('.', '-')}.roost.internal" if ip else ""
+def _group_set(ids: Iterable[str], names: Mapping[str, str]) -> Fragment:
+    return items("groupSet", (text("groupId", g) + text("groupName", names.get(g, ""))
+                              for g in ids))
 
 
-def instance(rec: InstanceRecord, itype: InstanceType | None) -> str:
+def root_volume_id(instance_id: str) -> str:
+    """An instance's root volume: one per instance, named after it."""
+    return "vol-" + instance_id[2:]
+
+
+def interface_id(instance_id: str) -> str:
+    return "eni-" + instance_id[2:]
+
+
+def _block_devices(rec: InstanceRecord) -> Fragment:
+    net = rec.net
+    if rec.network is None:
+        return Fragment("<blockDeviceMapping/>")
+    ebs = node("ebs", text("volumeId", root_volume_id(rec.instance_id)),
+               text("status", "detached" if rec.state == "terminated" else "attached"),
+               text("attachTime", timestamp(rec.launch_time)),
+               text("deleteOnTermination", net.root_delete_on_termination))
+    return items("blockDeviceMapping", [text("deviceName", ROOT_DEVICE) + ebs])
+
+
+def _interfaces(rec: InstanceRecord, names: Mapping[str, str]) -> Fragment:
+    net = rec.net
+    if rec.network is None or not rec.private_ip or rec.state == "terminated":
+        return Fragment("<networkInterfaceSet/>")
+    dns = private_dns_name(rec.private_ip)
+    eni = interface_id(rec.instance_id)
+    address = (text("privateIpAddress", rec.private_ip) + text("privateDnsName", dns)
+               + text("primary", True))
+    return items("networkInterfaceSet", [Fragment("".join([
+        text("networkInterfaceId", eni),
+        text("subnetId", net.subnet_id),
+        text("vpcId", net.vpc_id),
+        text("description", ""),
+        text("ownerId", rec.owner_id),
+        text("status", "in-use"),
+        text("macAddress", _mac(rec.instance_id)),
+        text("privateIpAddress", rec.private_ip),
+        text("privateDnsName", dns),
+        text("sourceDestCheck", True),
+        _group_set(net.security_group_ids, names),
+        node("attachment", text("attachmentId", "eni-attach-" + rec.instance_id[2:]),
+             text("deviceIndex", 0), text("status", "attached"),
+             text("attachTime", timestamp(rec.launch_time)),
+             text("deleteOnTermination", True), text("networkCardIndex", 0)),
+        items("privateIpAddressesSet", [address]),
+        Fragment("<ipv6AddressesSet/>"),
+        text("interfaceType", "interface"),
+    ]))])
+
+
+def _mac(instance_id: str) -> str:
+    tail = (instance_id[2:] + "0" * 10)[:10]
+    return "02:" + ":".join(tail[i:i + 2] for i in range(0, 10, 2))
+
+
+def instance(rec: InstanceRecord, itype: InstanceType | None,
+             names: Mapping[str, str] | None = None) -> str:
     reason = rec.state_reason
     cores = itype.vcpus if itype else 1
+    net = rec.net
+    names = names or {}
+    live = rec.state != "terminated"
+    vpc = rec.network is not None and live
     return Fragment("".join([
         text("instanceId", rec.instance_id),
         text("imageId", rec.image_id),
         state("instanceState", rec.state),
-        text("privateDnsName", _dns(rec.private_ip)),
+        text("privateDnsName", private_dns_name(rec.private_ip) if live else ""),
         text("dnsName", ""),
         text("reason", rec.state_transition_reason),
         text("amiLaunchIndex", rec.ami_launch_index),
+        text("keyName", net.key_name or None),
         Fragment("<productCodes/>"),
         text("instanceType", rec.instance_type),
         text("launchTime", timestamp(rec.launch_time)),
         node("placement", text("availabilityZone", rec.availability_zone),
-             Fragment("<groupName/>"), text("tenancy", "default")),
-        node("monitoring", text("state", "disabled")),
-        text("privateIpAddress", rec.private_ip or None),
+             Fragment("<groupName/>"), text("tenancy", net.tenancy)),
+        node("monitoring", text("state", "enabled" if net.monitoring else "disabled")),
+        text("subnetId", net.subnet_id if vpc else None),
+        text("vpcId", net.vpc_id if vpc else None),
+        text("privateIpAddress", (rec.private_ip or None) if live else None),
         text("sourceDestCheck", True),
-        Fragment("<groupSet/>"),
+        _group_set(net.security_group_ids if live else (), names),
         node("stateReason", text("code", reason), text("message", reason)) if reason else "",
         text("architecture", "x86_64"),
         text("rootDeviceType", "ebs"),
         text("rootDeviceName", ROOT_DEVICE),
-        Fragment("<blockDeviceMapping/>"),
+        _block_devices(rec),
         text("virtualizationType", "hvm"),
         text("clientToken", rec.client_token),
         _tags(rec.tags),
         text("hypervisor", "xen"),
-        Fragment("<networkInterfaceSet/>"),
-        text("ebsOptimized", False),
+        _interfaces(rec, names),
+        text("ebsOptimized", net.ebs_optimized),
         text("enaSupport", True),
         node("cpuOptions", text("coreCount", cores), text("threadsPerCore", 1)),
         node("capacityReservationSpecification",
@@ -92,24 +160,28 @@ def metadata_options(rec: InstanceRecord, tag: str = "metadataOptions") -> Fragm
 TypeLookup = Mapping[str, InstanceType]
 
 
-def _instances(recs: Iterable[InstanceRecord], types: TypeLookup) -> Fragment:
-    return items("instancesSet", (instance(r, types.get(r.instance_type)) for r in recs))
+def _instances(recs: Iterable[InstanceRecord], types: TypeLookup,
+               names: Mapping[str, str]) -> Fragment:
+    return items("instancesSet", (instance(r, types.get(r.instance_type), names)
+                                  for r in recs))
 
 
-def run_instances(res: Reservation, types: TypeLookup, request_id: str) -> str:
+def run_instances(res: Reservation, types: TypeLookup, request_id: str,
+                  names: Mapping[str, str] | None = None) -> str:
     return response(
         "RunInstances", request_id,
         text("reservationId", res.reservation_id),
         text("ownerId", res.owner_id),
         Fragment("<groupSet/>"),
-        _instances(res.instances, types),
+        _instances(res.instances, types, names or {}),
     )
 
 
-def describe_instances(page: Paged[Reservation], types: TypeLookup, request_id: str) -> str:
+def describe_instances(page: Paged[Reservation], types: TypeLookup, request_id: str,
+                       names: Mapping[str, str] | None = None) -> str:
     reservations = items("reservationSet", (
         text("reservationId", r.reservation_id) + text("ownerId", r.owner_id)
-        + Fragment("<groupSet/>") + _instances(r.instances, types)
+        + Fragment("<groupSet/>") + _instances(r.instances, types, names or {})
         for r in page.items
     ))
     return response("DescribeInstances", request_id, reservations,

@@ -22,12 +22,16 @@ from roost.domain.errors import (
     InvalidParameterCombination,
     InvalidParameterValue,
     MissingParameter,
+    TagLimitExceeded,
 )
+from roost.gateway.netrequests import LaunchNetwork, parse_launch_network
 from roost.gateway.query import Params
 
 INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 MAX_USER_DATA = 16 * 1024
 MAX_TAGS = 50
+DEFAULT_INSTANCE_TYPE = "m1.small"
+"""What EC2 launches when RunInstances names no type; roost's catalog has it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +60,14 @@ class RunInstancesRequest:
     availability_zone: str = ""
     dry_run: bool = False
     options: InstanceOptions = DEFAULT_OPTIONS
+    network: LaunchNetwork = field(default_factory=LaunchNetwork)
 
     def fingerprint(self) -> tuple[object, ...]:
         """What must match for a repeated ClientToken to count as the same request."""
         return (self.image_id, self.instance_type, self.min_count, self.max_count,
                 self.tags, self.user_data, self.availability_zone,
-                tuple(sorted(msgspec.structs.asdict(self.options).items())))
+                tuple(sorted(msgspec.structs.asdict(self.options).items())),
+                repr(self.network))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +138,7 @@ def instance_ids(values: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(values))  # de-duplicated, first-seen order
 
 
-def _filters(p: Params) -> tuple[Filter, ...]:
+def filters(p: Params) -> tuple[Filter, ...]:
     out = []
     for f in p.members("Filter"):
         out.append(Filter(f.require("Name"), tuple(f.values("Value"))))
@@ -163,7 +169,7 @@ def _tag_list(
     members: list[Params], *, values_required: bool
 ) -> tuple[tuple[str, str | None], ...]:
     if len(members) > MAX_TAGS:
-        raise InvalidParameterValue(f"At most {MAX_TAGS} tags may be given.")
+        raise TagLimitExceeded(f"The maximum number of tags per resource is {MAX_TAGS}.")
     tags = []
     for t in members:
         value = t.get("Value")
@@ -236,7 +242,7 @@ def _launch_options(p: Params) -> InstanceOptions:
 
 def parse_run_instances(p: Params) -> RunInstancesRequest:
     image_id = p.require("ImageId")
-    itype = p.require("InstanceType")
+    itype = p.get("InstanceType") or DEFAULT_INSTANCE_TYPE
     min_count, max_count = _count(p, "MinCount"), _count(p, "MaxCount")
     if min_count < 1 or max_count < 1:
         raise InvalidParameterValue("MinCount and MaxCount must be at least 1.")
@@ -259,6 +265,7 @@ def parse_run_instances(p: Params) -> RunInstancesRequest:
         availability_zone=p.get("Placement.AvailabilityZone") or "",
         dry_run=p.flag("DryRun"),
         options=_launch_options(p),
+        network=parse_launch_network(p, max_count=max_count),
     )
 
 
@@ -276,35 +283,35 @@ def parse_describe_instances(p: Params) -> DescribeRequest:
         raise InvalidParameterCombination(
             "The parameter instancesSet cannot be used with the parameter maxResults"
         )
-    return DescribeRequest(ids, _filters(p), page, dry_run=p.flag("DryRun"))
+    return DescribeRequest(ids, filters(p), page, dry_run=p.flag("DryRun"))
 
 
 def parse_describe_instance_status(p: Params) -> DescribeRequest:
     return DescribeRequest(
-        instance_ids(p.values("InstanceId")), _filters(p), _page(p, low=5, high=1000),
+        instance_ids(p.values("InstanceId")), filters(p), _page(p, low=5, high=1000),
         dry_run=p.flag("DryRun"), include_all=p.flag("IncludeAllInstances"),
     )
 
 
 def parse_describe_credit_specifications(p: Params) -> DescribeRequest:
-    return DescribeRequest(instance_ids(p.values("InstanceId")), _filters(p),
+    return DescribeRequest(instance_ids(p.values("InstanceId")), filters(p),
                            _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
 
 
 def parse_describe_instance_types(p: Params) -> DescribeRequest:
     return DescribeRequest(
-        tuple(p.values("InstanceType")), _filters(p), _page(p, low=5, high=100),
+        tuple(p.values("InstanceType")), filters(p), _page(p, low=5, high=100),
         dry_run=p.flag("DryRun"),
     )
 
 
 def parse_describe_named(p: Params, list_name: str) -> DescribeRequest:
     """Zones, regions and images: names or ids, filters, no paging."""
-    return DescribeRequest(tuple(p.values(list_name)), _filters(p), dry_run=p.flag("DryRun"))
+    return DescribeRequest(tuple(p.values(list_name)), filters(p), dry_run=p.flag("DryRun"))
 
 
 def parse_describe_tags(p: Params) -> DescribeRequest:
-    return DescribeRequest((), _filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
+    return DescribeRequest((), filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
 
 
 def parse_tags(p: Params, *, deleting: bool) -> TagsRequest:
