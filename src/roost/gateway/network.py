@@ -54,6 +54,9 @@ ORPHAN_AFTER = 600.0
 between allocating it and launching); longer than any launch may take."""
 SWEEP_EVERY = 60.0
 _RETRIES = 20
+_ADDRESS_RETRIES = 64
+"""Each lost race moves on to another address, so only a crowd of gateways allocating
+in one subnet at once needs many."""
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
 _RECORD = msgspec.json.Decoder(NetworkRecord)
 
@@ -91,6 +94,7 @@ class NetworkStore:
         self._records: dict[str, tuple[int, NetworkRecord]] = {}
         self._names: dict[str, str] = {}  # name key -> group id
         self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
+        self._pending: dict[str, set[int]] = {}
         self._key_pairs: dict[str, KeyPair] = {}
         self._synced = {k: asyncio.Event() for k in self._kvs}
         self._tasks: list[asyncio.Task[None]] = []
@@ -261,17 +265,21 @@ class NetworkStore:
                 f"Address {wanted} is not in the usable range of {subnet.subnet_id} "
                 f"({subnet.cidr}).")
         taken = self._addresses.setdefault(subnet.subnet_id, {})
+        # Addresses this gateway is claiming right now: its own concurrent launches go
+        # to different ones rather than race each other through the bucket.
+        pending = self._pending.setdefault(subnet.subnet_id, set())
         tried: set[int] = set()
         claim = msgspec.json.encode(AddressClaim(launch_id, time.time()))
-        for _ in range(_RETRIES):
-            ip = wanted or first_free(subnet, taken.keys() | tried)
+        for _ in range(_ADDRESS_RETRIES):
+            ip = wanted or first_free(subnet, taken.keys() | tried | pending)
             if ip is None:
                 raise InsufficientFreeAddressesInSubnet(
                     f"There are not enough free addresses in subnet '{subnet.subnet_id}' "
                     "to satisfy the requested number of instances.")
             n = int(ipaddress.IPv4Address(ip))
-            if wanted and n in taken:
+            if wanted and (n in taken or n in pending):
                 raise InvalidIPAddressInUse(f"Address {ip} is in use.")
+            pending.add(n)
             try:
                 rev = await self._kvs["addresses"].create(address_key(subnet.subnet_id, ip),
                                                           claim)
@@ -282,6 +290,8 @@ class NetworkStore:
                 continue
             except (TimeoutError, nats.errors.Error) as exc:
                 raise _unavailable("address", exc) from None
+            finally:
+                pending.discard(n)
             taken[n] = (rev, AddressClaim(launch_id, time.time()))
             return ip
         raise ServiceUnavailable(f"Addresses in {subnet.subnet_id} are changing too fast.")
