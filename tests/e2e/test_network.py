@@ -291,3 +291,27 @@ def test_dry_run_first_and_tag_limit(ec2: Any) -> None:
              "Tags": [{"Key": f"k{i}", "Value": "v"} for i in range(51)]}]
     fails("TagLimitExceeded", ec2.run_instances, ImageId=IMAGE, MinCount=1, MaxCount=1,
           TagSpecifications=tags)
+
+
+def test_type_offerings_and_account_attributes(ec2: Any) -> None:
+    region = ec2.describe_instance_type_offerings()["InstanceTypeOfferings"]
+    assert {"InstanceType": "t3.micro", "LocationType": "region", "Location": "roost-1"} in region
+    zones = ec2.describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["m1.small", "t3.*"]}])
+    found = {(o["InstanceType"], o["Location"]) for o in zones["InstanceTypeOfferings"]}
+    assert ("m1.small", "roost-1a") in found and ("t3.micro", "roost-1a") in found
+    assert all(t == "m1.small" or t.startswith("t3.") for t, _ in found)
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        PaginationConfig={"PageSize": 5})
+    assert sum(len(p["InstanceTypeOfferings"]) for p in pages) == len(region)
+    fails("InvalidParameterValue", ec2.describe_instance_type_offerings, LocationType="planet")
+    attrs = ec2.describe_account_attributes()["AccountAttributes"]
+    by_name = {a["AttributeName"]: [v["AttributeValue"] for v in a["AttributeValues"]]
+               for a in attrs}
+    assert by_name["supported-platforms"] == ["VPC"]
+    default = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    assert by_name["default-vpc"] == [default[0]["VpcId"]]
+    one = ec2.describe_account_attributes(AttributeNames=["default-vpc"])["AccountAttributes"]
+    assert [a["AttributeName"] for a in one] == ["default-vpc"]
+    fails("InvalidParameterValue", ec2.describe_account_attributes, AttributeNames=["nope"])

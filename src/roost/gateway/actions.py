@@ -116,6 +116,17 @@ async def get_console_output(c: Call) -> str:
     return render.console_output(out.instance_id, out.output, out.timestamp, c.request_id)
 
 
+async def describe_instance_type_offerings(c: Call) -> str:
+    where = c.params.get("LocationType") or "region"
+    page = await c.reads.describe_type_offerings(rq.parse_describe_offerings(c.params), where)
+    return render.type_offerings(page, where, c.request_id)
+
+
+async def describe_account_attributes(c: Call) -> str:
+    found = c.reads.describe_account_attributes(tuple(c.params.values("AttributeName")))
+    return render.account_attributes(found, c.request_id)
+
+
 ACTIONS: dict[str, Action] = {
     "RunInstances": run_instances,
     "TerminateInstances": terminate_instances,
@@ -136,5 +147,7 @@ ACTIONS: dict[str, Action] = {
     "ModifyInstanceMetadataOptions": modify_instance_metadata_options,
     "RebootInstances": reboot_instances,
     "GetConsoleOutput": get_console_output,
+    "DescribeInstanceTypeOfferings": describe_instance_type_offerings,
+    "DescribeAccountAttributes": describe_account_attributes,
     **NETWORK_ACTIONS,
 }

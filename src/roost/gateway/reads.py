@@ -122,6 +122,44 @@ class Ec2Reads:
         return paginate(apply_filters(chosen, req.filters, TYPE_FIELDS), req.page,
                         key=lambda t: t.name)
 
+    async def describe_type_offerings(self, req: DescribeRequest, location_type: str
+                                      ) -> Paged[tuple[str, str]]:
+        """(type, location) for every type: once for the region, or once per zone."""
+        registry = self.service.types
+        await registry.refresh()
+        if location_type == "region":
+            locations = [self.service.site.region]
+        elif location_type == "availability-zone":
+            locations = self.service.zones()
+        elif location_type == "availability-zone-id":
+            locations = [z.zone_id for z in self.all_zones()]
+        else:
+            raise InvalidParameterValue(
+                f"Value ({location_type[:80]}) for parameter locationType is invalid. Valid "
+                "values: region, availability-zone, availability-zone-id.")
+        rows = [(t, where) for t in registry.all() for where in locations]
+        fields: dict[str, Field[tuple[str, str]]] = {
+            "instance-type": lambda r: [r[0]], "location": lambda r: [r[1]]}
+        return paginate(apply_filters(rows, req.filters, fields), req.page,
+                        key=lambda r: f"{r[1]}\0{r[0]}")
+
+    def describe_account_attributes(self, names: tuple[str, ...]
+                                    ) -> list[tuple[str, list[str]]]:
+        site = self.service.site
+        known = {
+            "supported-platforms": ["VPC"],
+            "default-vpc": [self.service.net.store.default_vpc.vpc_id],
+            "max-instances": [str(site.max_instances_per_request)],
+            "vpc-max-security-groups-per-interface": ["5"],
+            "max-elastic-ips": ["0"],
+            "vpc-max-elastic-ips": ["0"],
+        }
+        for name in names:
+            if name not in known:
+                raise InvalidParameterValue(
+                    f"Value ({name[:80]}) for parameter attributeName is invalid.")
+        return [(n, v) for n, v in known.items() if not names or n in names]
+
     def all_zones(self) -> list[Zone]:
         region = self.service.site.region
         compact = re.sub(r"[^a-z0-9]", "", region.lower())

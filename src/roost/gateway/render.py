@@ -332,3 +332,19 @@ def metadata_options_result(rec: InstanceRecord, request_id: str) -> str:
     return response("ModifyInstanceMetadataOptions", request_id,
                     text("instanceId", rec.instance_id),
                     metadata_options(rec, "instanceMetadataOptions"))
+
+
+def type_offerings(page: Paged[tuple[str, str]], location_type: str, request_id: str) -> str:
+    return response("DescribeInstanceTypeOfferings", request_id, items(
+        "instanceTypeOfferingSet",
+        (text("instanceType", t) + text("locationType", location_type) + text("location", where)
+         for t, where in page.items),
+    ), text("nextToken", page.next_token))
+
+
+def account_attributes(found: Iterable[tuple[str, list[str]]], request_id: str) -> str:
+    return response("DescribeAccountAttributes", request_id, items("accountAttributeSet", (
+        text("attributeName", name)
+        + items("attributeValueSet", (text("attributeValue", v) for v in vals))
+        for name, vals in found
+    )))

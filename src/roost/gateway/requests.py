@@ -305,6 +305,10 @@ def parse_describe_instance_types(p: Params) -> DescribeRequest:
     )
 
 
+def parse_describe_offerings(p: Params) -> DescribeRequest:
+    return DescribeRequest((), filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
+
+
 def parse_describe_named(p: Params, list_name: str) -> DescribeRequest:
     """Zones, regions and images: names or ids, filters, no paging."""
     return DescribeRequest(tuple(p.values(list_name)), filters(p), dry_run=p.flag("DryRun"))
