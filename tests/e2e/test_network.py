@@ -315,3 +315,29 @@ def test_type_offerings_and_account_attributes(ec2: Any) -> None:
     one = ec2.describe_account_attributes(AttributeNames=["default-vpc"])["AccountAttributes"]
     assert [a["AttributeName"] for a in one] == ["default-vpc"]
     fails("InvalidParameterValue", ec2.describe_account_attributes, AttributeNames=["nope"])
+
+
+def test_modify_instance_groups(ec2: Any) -> None:
+    a = ec2.create_security_group(GroupName="a", Description="a")["GroupId"]
+    b = ec2.create_security_group(GroupName="b", Description="b")["GroupId"]
+    (inst,) = run(ec2)
+    iid = inst["InstanceId"]
+    ec2.modify_instance_attribute(InstanceId=iid, Groups=[a, b])
+    got = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert [g["GroupId"] for g in got["SecurityGroups"]] == [a, b]
+    assert [g["GroupId"] for g in got["NetworkInterfaces"][0]["Groups"]] == [a, b]
+    attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="groupSet")
+    assert [g["GroupId"] for g in attr["Groups"]] == [a, b]
+    fails("InvalidGroup.NotFound", ec2.modify_instance_attribute, InstanceId=iid,
+          Groups=["sg-0123456789abcdef0"])
+    fails("InvalidGroupId.Malformed", ec2.modify_instance_attribute, InstanceId=iid,
+          Groups=["nope"])
+    vpc = ec2.create_vpc(CidrBlock="10.11.0.0/16")["Vpc"]["VpcId"]
+    elsewhere = ec2.create_security_group(GroupName="x", Description="x", VpcId=vpc)["GroupId"]
+    fails("InvalidParameter", ec2.modify_instance_attribute, InstanceId=iid, Groups=[elsewhere])
+    fails("DependencyViolation", ec2.delete_security_group, GroupId=a)
+    ec2.terminate_instances(InstanceIds=[iid])
+    wait_state(ec2, iid, "terminated")
+    for gid in (a, b, elsewhere):
+        ec2.delete_security_group(GroupId=gid)
+    ec2.delete_vpc(VpcId=vpc)

@@ -60,6 +60,10 @@ class InstanceIndex:
         self._synced = {k: asyncio.Event() for k in ("records", "tags", "user_data")}
         self._tasks: list[asyncio.Task[None]] = []
         self._chores: set[asyncio.Task[None]] = set()
+        self.group_overrides: Mapping[str, list[str]] = {}
+        """Security groups set by ModifyInstanceAttribute after launch (instance id ->
+        group ids), kept by the gateways (`NetworkStore`) as tags are: the node owns the
+        record and rewrites it on every state change."""
         self.on_gone: Callable[[InstanceRecord], None] | None = None
         """Called once per mirror when an instance terminates or its record expires:
         what it held besides its node's room (its address) can be given back."""
@@ -68,7 +72,13 @@ class InstanceIndex:
 
     def _merged(self, rec: InstanceRecord) -> InstanceRecord:
         found = self._tags.get(rec.instance_id)
-        return rec if found is None else msgspec.structs.replace(rec, tags=dict(found[1]))
+        if found is not None:
+            rec = msgspec.structs.replace(rec, tags=dict(found[1]))
+        groups = self.group_overrides.get(rec.instance_id)
+        if groups is not None and rec.network is not None:
+            net = msgspec.structs.replace(rec.network, security_group_ids=list(groups))
+            rec = msgspec.structs.replace(rec, network=net)
+        return rec
 
     def all(self) -> list[InstanceRecord]:
         return [self._merged(r) for r in self._records.values()]

@@ -18,6 +18,7 @@ from roost.bus.schemas import InstanceNetwork, InstanceRecord
 from roost.domain.errors import (
     CannotDelete,
     DependencyViolation,
+    IncorrectInstanceState,
     InvalidGroupDuplicate,
     InvalidGroupNotFound,
     InvalidGroupReserved,
@@ -267,6 +268,18 @@ class NetworkService:
             name = found.key_name
         if self.store.key_pair(name) is not None:
             await self.store.delete_key_pair(name)
+
+    async def set_groups(self, rec: InstanceRecord, group_ids: Sequence[str]) -> None:
+        """ModifyInstanceAttribute GroupId.N: groups of the instance's own VPC."""
+        if rec.network is None or rec.state == "terminated":
+            raise IncorrectInstanceState(
+                f"The instance '{rec.instance_id}' has no network interface to change.")
+        for gid in group_ids:
+            group = self.group(GroupRef(group_id=gid))
+            if group.vpc_id != rec.network.vpc_id:
+                raise InvalidParameter(f"Security group {gid} and instance "
+                                       f"{rec.instance_id} belong to different networks.")
+        await self.store.set_instance_groups(rec.instance_id, list(dict.fromkeys(group_ids)))
 
     # -- launches ---------------------------------------------------------------------
 

@@ -95,6 +95,8 @@ class NetworkStore:
         self._names: dict[str, str] = {}  # name key -> group id
         self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
         self._pending: dict[str, set[int]] = {}
+        self.instance_groups: dict[str, list[str]] = {}
+        """``igroups.<instance id>`` -> the groups ModifyInstanceAttribute set."""
         self._key_pairs: dict[str, KeyPair] = {}
         self._synced = {k: asyncio.Event() for k in self._kvs}
         self._tasks: list[asyncio.Task[None]] = []
@@ -234,6 +236,16 @@ class NetworkStore:
             log.warning("could not release group name %s: %r", key, exc)
         self._names.pop(key, None)
 
+    async def set_instance_groups(self, instance_id: str, group_ids: list[str]) -> None:
+        """ModifyInstanceAttribute GroupId.N replaces the set: the last write wins, as
+        two such calls on EC2 would."""
+        try:
+            await self._kvs["network"].put(f"igroups.{instance_id}",
+                                           msgspec.json.encode(group_ids))
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("network", exc) from None
+        self.instance_groups[instance_id] = list(group_ids)
+
     # -- key pairs -------------------------------------------------------------------
 
     async def create_key_pair(self, pair: KeyPair) -> bool:
@@ -318,9 +330,17 @@ class NetworkStore:
     def instance_gone(self, rec: InstanceRecord) -> None:
         """An instance terminated or expired: its address comes back (in the background,
         every gateway may try; deletes are conditional and idempotent)."""
+        if rec.instance_id in self.instance_groups:
+            self._chore(self._forget_groups(rec.instance_id))
         if not rec.private_ip or rec.network is None or not rec.network.subnet_id:
             return
         self._chore(self.release(rec.network.subnet_id, rec.private_ip, rec.launch_id))
+
+    async def _forget_groups(self, instance_id: str) -> None:
+        try:
+            await self._kvs["network"].delete(f"igroups.{instance_id}")
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("could not drop the groups of %s: %r", instance_id, exc)
 
     async def sweep(self, records: Iterable[InstanceRecord], now: float) -> int:
         """Take back addresses that no live instance holds and that are older than
@@ -405,6 +425,12 @@ class NetworkStore:
                     self._key_pairs.pop(name, None)
                 else:
                     self._key_pairs[name] = msgspec.json.decode(value, type=KeyPair)
+            elif key.startswith("igroups."):
+                iid = key.removeprefix("igroups.")
+                if removed:
+                    self.instance_groups.pop(iid, None)
+                else:
+                    self.instance_groups[iid] = msgspec.json.decode(value, type=list[str])
             elif key.startswith("sgname."):
                 if removed:
                     self._names.pop(key, None)

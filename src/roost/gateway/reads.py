@@ -212,6 +212,9 @@ class Ec2Reads:
         (rec,) = await self.service.index.require([req.instance_id])
         if req.attribute == "instanceType":
             return InstanceAttribute(rec.instance_id, "instanceType", rec.instance_type)
+        if req.attribute == "groupSet":
+            return InstanceAttribute(rec.instance_id, "groupSet", "",
+                                     groups=tuple(rec.net.security_group_ids))
         if req.attribute == "userData":
             user_data = await self.service.index.user_data(rec.instance_id)
             return InstanceAttribute(rec.instance_id, "userData", user_data)

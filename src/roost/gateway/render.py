@@ -310,6 +310,8 @@ def instance_attribute(attr: InstanceAttribute, request_id: str) -> str:
     # An unset attribute (no user data) is an empty element, not an empty value:
     # Terraform hashes an empty value as if it were user data.
     value = node(attr.name, text("value", attr.value)) if attr.value else f"<{attr.name}/>"
+    if attr.name == "groupSet":
+        value = items("groupSet", (text("groupId", g) for g in attr.groups))
     return response("DescribeInstanceAttribute", request_id,
                     text("instanceId", attr.instance_id), value)
 

@@ -24,7 +24,7 @@ from roost.domain.errors import (
     MissingParameter,
     TagLimitExceeded,
 )
-from roost.gateway.netrequests import LaunchNetwork, parse_launch_network
+from roost.gateway.netrequests import LaunchNetwork, check_id, parse_launch_network
 from roost.gateway.query import Params
 
 INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
@@ -124,6 +124,7 @@ class ModifyInstanceRequest:
     user_data: str | None = None
     fixed: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
+    group_ids: tuple[str, ...] = ()  # GroupId.N: the instance's new security groups
 
     def changes(self, current: InstanceOptions) -> InstanceChanges:
         opts = msgspec.structs.replace(current, **self.options) if self.options else None
@@ -362,7 +363,10 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
         value = p.get(f"{key}.Value")
         if value is not None:
             raw[_lower_first(key)] = value
-    if not raw:
+    group_ids = tuple(check_id("sg", g) for g in p.values("GroupId"))
+    if name == "groupSet":
+        raise InvalidParameterValue("Give the groups as GroupId.N.")
+    if not raw and not group_ids:
         raise MissingParameter("The request must contain an attribute to modify.")
     options: dict[str, object] = {}
     fixed: dict[str, str] = {}
@@ -379,7 +383,7 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
         else:
             fixed[attr] = value
     return ModifyInstanceRequest(iid, options, instance_type, user_data, fixed,
-                                 dry_run=p.flag("DryRun"))
+                                 dry_run=p.flag("DryRun"), group_ids=group_ids)
 
 
 def _boolean(attr: str, value: str) -> bool:

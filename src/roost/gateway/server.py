@@ -129,6 +129,7 @@ class Gateway:
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones)
         index.on_gone = network.instance_gone
+        index.group_overrides = network.instance_groups
         network.start(index.all)
         index.start()
         await asyncio.gather(index.wait_synced(sync_timeout),

@@ -307,6 +307,8 @@ class Ec2Service:
             await self.types.resolve(req.instance_type)
         if req.dry_run:
             raise DryRunOperation(DRY_RUN)
+        if req.group_ids:
+            await self.net.set_groups(rec, req.group_ids)
         if not (req.options or req.instance_type is not None or req.user_data is not None):
             return
         cmd = InstanceCommand(op="modify", instance_id=rec.instance_id,
