@@ -41,6 +41,12 @@ RoostError
  │    ├── InvalidBlockDeviceMapping  400  InvalidBlockDeviceMapping
  │    ├── CannotDelete               400  CannotDelete
  │    ├── InvalidVolumeNotFound      400  InvalidVolume.NotFound
+ │    ├── TemplateNameExists         400  InvalidLaunchTemplateName.AlreadyExistsException
+ │    ├── TemplateNameMalformed      400  InvalidLaunchTemplateName.MalformedException
+ │    ├── TemplateNameNotFound       400  InvalidLaunchTemplateName.NotFoundException
+ │    ├── TemplateIdMalformed        400  InvalidLaunchTemplateId.Malformed
+ │    ├── TemplateIdNotFound         400  InvalidLaunchTemplateId.NotFound
+ │    ├── TemplateVersionNotFound    400  InvalidLaunchTemplateId.VersionNotFound
  │    ├── InvalidParameter           400  InvalidParameter
  │    ├── AuthFailure                401
  │    ├── RequestExpired             400
@@ -236,6 +242,30 @@ class CannotDelete(ClientError):
 
 class InvalidVolumeNotFound(ClientError):
     code = "InvalidVolume.NotFound"
+
+
+class TemplateNameExists(ClientError):
+    code = "InvalidLaunchTemplateName.AlreadyExistsException"
+
+
+class TemplateNameMalformed(ClientError):
+    code = "InvalidLaunchTemplateName.MalformedException"
+
+
+class TemplateNameNotFound(ClientError):
+    code = "InvalidLaunchTemplateName.NotFoundException"
+
+
+class TemplateIdMalformed(ClientError):
+    code = "InvalidLaunchTemplateId.Malformed"
+
+
+class TemplateIdNotFound(ClientError):
+    code = "InvalidLaunchTemplateId.NotFound"
+
+
+class TemplateVersionNotFound(ClientError):
+    code = "InvalidLaunchTemplateId.VersionNotFound"
 
 
 class InvalidParameter(ClientError):

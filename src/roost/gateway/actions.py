@@ -9,11 +9,13 @@ from __future__ import annotations
 from roost.gateway import render
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
+from roost.gateway.ltactions import TEMPLATE_ACTIONS, expand
 from roost.gateway.netactions import NETWORK_ACTIONS
 
 
 async def run_instances(c: Call) -> str:
-    reservation = await c.service.run_instances(rq.parse_run_instances(c.params))
+    params, stamps = expand(c.service.templates, c.params)
+    reservation = await c.service.run_instances(rq.parse_run_instances(params, stamps))
     return render.run_instances(reservation, c.service.types.all(), c.request_id,
                                 c.service.net.group_names())
 
@@ -150,4 +152,5 @@ ACTIONS: dict[str, Action] = {
     "DescribeInstanceTypeOfferings": describe_instance_type_offerings,
     "DescribeAccountAttributes": describe_account_attributes,
     **NETWORK_ACTIONS,
+    **TEMPLATE_ACTIONS,
 }

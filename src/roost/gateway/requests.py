@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -241,7 +242,9 @@ def _launch_options(p: Params) -> InstanceOptions:
     return msgspec.structs.replace(DEFAULT_OPTIONS, **fields)
 
 
-def parse_run_instances(p: Params) -> RunInstancesRequest:
+def parse_run_instances(p: Params, stamps: Mapping[str, str] | None = None
+                        ) -> RunInstancesRequest:
+    """``stamps``: tags EC2 sets itself (``aws:`` keys, which callers may not)."""
     image_id = p.require("ImageId")
     itype = p.get("InstanceType") or DEFAULT_INSTANCE_TYPE
     min_count, max_count = _count(p, "MinCount"), _count(p, "MaxCount")
@@ -261,7 +264,7 @@ def parse_run_instances(p: Params) -> RunInstancesRequest:
     return RunInstancesRequest(
         image_id, itype, min_count, max_count,
         client_token=token,
-        tags=tuple(dict(tags).items()),
+        tags=tuple({**dict(tags), **(stamps or {})}.items()),
         user_data=_user_data(p.get("UserData") or ""),
         availability_zone=p.get("Placement.AvailabilityZone") or "",
         dry_run=p.flag("DryRun"),

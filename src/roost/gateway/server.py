@@ -35,6 +35,7 @@ from roost.gateway.nodes import NodeClient
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import Ec2Service, Site
 from roost.gateway.sigv4 import SigV4Verifier
+from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import TokenStore
 from roost.gateway.types import TypeRegistry
 
@@ -89,6 +90,7 @@ class Gateway:
         self._nc: NATS | None = None
         self._index: InstanceIndex | None = None
         self._network: NetworkStore | None = None
+        self._templates: TemplateStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -116,6 +118,9 @@ class Gateway:
         network_kv = await key_value(nc, subjects.NETWORK_BUCKET)
         addresses_kv = await key_value(nc, subjects.ADDRESSES_BUCKET)
         key_pairs_kv = await key_value(nc, subjects.KEY_PAIRS_BUCKET)
+        templates = TemplateStore(await key_value(nc, subjects.LAUNCH_TEMPLATES_BUCKET),
+                                  owner_id=cfg.owner_id)
+        self._templates = templates
         loop = asyncio.get_running_loop()
         view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
@@ -131,9 +136,11 @@ class Gateway:
         index.on_gone = network.instance_gone
         index.group_overrides = network.instance_groups
         network.start(index.all)
+        templates.start()
         index.start()
         await asyncio.gather(index.wait_synced(sync_timeout),
-                             network.wait_synced(sync_timeout))
+                             network.wait_synced(sync_timeout),
+                             templates.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload))
@@ -141,7 +148,7 @@ class Gateway:
         self.service = service = Ec2Service(
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
-            metrics=self.metrics, net=NetworkService(network),
+            metrics=self.metrics, net=NetworkService(network), templates=templates,
         )
         verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
         reads = Ec2Reads(service)
@@ -191,6 +198,8 @@ class Gateway:
             await self._index.stop()
         if self._network is not None:
             await self._network.stop()
+        if self._templates is not None:
+            await self._templates.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:

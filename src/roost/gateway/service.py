@@ -51,6 +51,7 @@ from roost.gateway.requests import (
     ModifyInstanceRequest,
     RunInstancesRequest,
 )
+from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
 from roost.gateway.types import TypeRegistry
 
@@ -92,6 +93,7 @@ class Ec2Service:
         tokens: TokenStore,
         metrics: GatewayMetrics,
         net: NetworkService,
+        templates: TemplateStore,
     ) -> None:
         self.site = site
         self.view = view
@@ -102,6 +104,7 @@ class Ec2Service:
         self.tokens = tokens
         self.metrics = metrics
         self.net = net
+        self.templates = templates
 
     def zones(self) -> list[str]:
         """Zones with live nodes; the region's default zone while there are none."""
