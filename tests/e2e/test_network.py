@@ -341,3 +341,40 @@ def test_modify_instance_groups(ec2: Any) -> None:
     for gid in (a, b, elsewhere):
         ec2.delete_security_group(GroupId=gid)
     ec2.delete_vpc(VpcId=vpc)
+
+
+def test_route_tables_acls_vpc_attributes_interfaces(ec2: Any) -> None:
+    vpc = ec2.create_vpc(CidrBlock="10.12.0.0/16")["Vpc"]["VpcId"]
+    (rtb,) = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "association.main",
+                                                 "Values": ["true"]}])["RouteTables"]
+    assert rtb["Routes"][0]["DestinationCidrBlock"] == "10.12.0.0/16"
+    assert rtb["Associations"][0]["Main"] is True
+    (acl,) = ec2.describe_network_acls(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "default", "Values": ["true"]}])[
+        "NetworkAcls"]
+    assert acl["IsDefault"] and len(acl["Entries"]) == 4
+    support = ec2.describe_vpc_attribute(VpcId=vpc, Attribute="enableDnsSupport")
+    hostnames = ec2.describe_vpc_attribute(VpcId=vpc, Attribute="enableDnsHostnames")
+    assert support["EnableDnsSupport"]["Value"] and not hostnames["EnableDnsHostnames"]["Value"]
+    fails("InvalidVpcID.NotFound", ec2.describe_vpc_attribute, VpcId="vpc-0123456789abcdef0",
+          Attribute="enableDnsSupport")
+    fails("InvalidParameterValue", ec2.describe_route_tables,
+          Filters=[{"Name": "nope", "Values": ["x"]}])
+    ec2.delete_vpc(VpcId=vpc)
+
+    (inst,) = run(ec2)
+    (nic,) = ec2.describe_network_interfaces(
+        Filters=[{"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}])[
+        "NetworkInterfaces"]
+    assert nic["NetworkInterfaceId"] == inst["NetworkInterfaces"][0]["NetworkInterfaceId"]
+    assert nic["Attachment"]["InstanceId"] == inst["InstanceId"]
+    assert nic["PrivateIpAddress"] == inst["PrivateIpAddress"]
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    wait_state(ec2, inst["InstanceId"], "terminated")
+    fails("InvalidNetworkInterfaceID.NotFound", ec2.describe_network_interfaces,
+          NetworkInterfaceIds=[nic["NetworkInterfaceId"]])
+    fails("InvalidRouteTableID.NotFound", ec2.describe_route_tables,
+          RouteTableIds=["rtb-0123456789abcdef0"])
+    fails("InvalidNetworkAclID.NotFound", ec2.describe_network_acls,
+          NetworkAclIds=["acl-0123456789abcdef0"])

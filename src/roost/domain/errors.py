@@ -47,6 +47,9 @@ RoostError
  │    ├── TemplateIdMalformed        400  InvalidLaunchTemplateId.Malformed
  │    ├── TemplateIdNotFound         400  InvalidLaunchTemplateId.NotFound
  │    ├── TemplateVersionNotFound    400  InvalidLaunchTemplateId.VersionNotFound
+ │    ├── InvalidNetworkInterfaceIDNotFound 400  InvalidNetworkInterfaceID.NotFound
+ │    ├── InvalidRouteTableIDNotFound 400  InvalidRouteTableID.NotFound
+ │    ├── InvalidNetworkAclIDNotFound 400  InvalidNetworkAclID.NotFound
  │    ├── InvalidParameter           400  InvalidParameter
  │    ├── AuthFailure                401
  │    ├── RequestExpired             400
@@ -266,6 +269,18 @@ class TemplateIdNotFound(ClientError):
 
 class TemplateVersionNotFound(ClientError):
     code = "InvalidLaunchTemplateId.VersionNotFound"
+
+
+class InvalidNetworkInterfaceIDNotFound(ClientError):
+    code = "InvalidNetworkInterfaceID.NotFound"
+
+
+class InvalidRouteTableIDNotFound(ClientError):
+    code = "InvalidRouteTableID.NotFound"
+
+
+class InvalidNetworkAclIDNotFound(ClientError):
+    code = "InvalidNetworkAclID.NotFound"
 
 
 class InvalidParameter(ClientError):

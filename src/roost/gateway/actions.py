@@ -11,6 +11,7 @@ from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
 from roost.gateway.ltactions import TEMPLATE_ACTIONS, expand
 from roost.gateway.netactions import NETWORK_ACTIONS
+from roost.gateway.vpcextras import VPC_EXTRA_ACTIONS
 
 
 async def run_instances(c: Call) -> str:
@@ -153,4 +154,5 @@ ACTIONS: dict[str, Action] = {
     "DescribeAccountAttributes": describe_account_attributes,
     **NETWORK_ACTIONS,
     **TEMPLATE_ACTIONS,
+    **VPC_EXTRA_ACTIONS,
 }

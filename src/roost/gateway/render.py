@@ -61,33 +61,51 @@ def _block_devices(rec: InstanceRecord) -> Fragment:
 
 
 def _interfaces(rec: InstanceRecord, names: Mapping[str, str]) -> Fragment:
-    net = rec.net
-    if rec.network is None or not rec.private_ip or rec.state == "terminated":
+    if not has_interface(rec):
         return Fragment("<networkInterfaceSet/>")
+    return items("networkInterfaceSet", [interface(rec, names)])
+
+
+def has_interface(rec: InstanceRecord) -> bool:
+    """Live instances with an address have their primary interface; terminated ones
+    have none left."""
+    return rec.network is not None and bool(rec.private_ip) and rec.state != "terminated"
+
+
+def interface(rec: InstanceRecord, names: Mapping[str, str], *,
+              standalone: bool = False) -> Fragment:
+    """An instance's primary interface: as DescribeInstances nests it, or (with
+    ``standalone``) as DescribeNetworkInterfaces lists it."""
+    net = rec.net
     dns = private_dns_name(rec.private_ip)
-    eni = interface_id(rec.instance_id)
     address = (text("privateIpAddress", rec.private_ip) + text("privateDnsName", dns)
                + text("primary", True))
-    return items("networkInterfaceSet", [Fragment("".join([
-        text("networkInterfaceId", eni),
+    attachment = [text("attachmentId", "eni-attach-" + rec.instance_id[2:]),
+                  text("deviceIndex", 0), text("status", "attached"),
+                  text("attachTime", timestamp(rec.launch_time)),
+                  text("deleteOnTermination", True), text("networkCardIndex", 0)]
+    if standalone:
+        attachment += [text("instanceId", rec.instance_id),
+                       text("instanceOwnerId", rec.owner_id)]
+    return Fragment("".join([
+        text("networkInterfaceId", interface_id(rec.instance_id)),
         text("subnetId", net.subnet_id),
         text("vpcId", net.vpc_id),
+        text("availabilityZone", rec.availability_zone) if standalone else "",
         text("description", ""),
         text("ownerId", rec.owner_id),
+        text("requesterManaged", False) if standalone else "",
         text("status", "in-use"),
         text("macAddress", _mac(rec.instance_id)),
         text("privateIpAddress", rec.private_ip),
         text("privateDnsName", dns),
         text("sourceDestCheck", True),
         _group_set(net.security_group_ids, names),
-        node("attachment", text("attachmentId", "eni-attach-" + rec.instance_id[2:]),
-             text("deviceIndex", 0), text("status", "attached"),
-             text("attachTime", timestamp(rec.launch_time)),
-             text("deleteOnTermination", True), text("networkCardIndex", 0)),
+        node("attachment", *attachment),
         items("privateIpAddressesSet", [address]),
         Fragment("<ipv6AddressesSet/>"),
         text("interfaceType", "interface"),
-    ]))])
+    ]))
 
 
 def _mac(instance_id: str) -> str:
