@@ -378,3 +378,31 @@ def test_route_tables_acls_vpc_attributes_interfaces(ec2: Any) -> None:
           RouteTableIds=["rtb-0123456789abcdef0"])
     fails("InvalidNetworkAclID.NotFound", ec2.describe_network_acls,
           NetworkAclIds=["acl-0123456789abcdef0"])
+
+
+def test_tags_on_vpcs_subnets_and_groups(ec2: Any) -> None:
+    vpc = ec2.create_vpc(CidrBlock="10.13.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.13.0.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName="tagged", Description="t",
+                                      VpcId=vpc)["GroupId"]
+    ec2.create_tags(Resources=[vpc, subnet, group], Tags=[{"Key": "env", "Value": "lab"}])
+    for call, key in ((ec2.describe_vpcs, "Vpcs"), (ec2.describe_subnets, "Subnets"),
+                      (ec2.describe_security_groups, "SecurityGroups")):
+        found = call(Filters=[{"Name": "tag:env", "Values": ["lab"]}])[key]
+        assert len(found) == 1 and found[0]["Tags"] == [{"Key": "env", "Value": "lab"}]
+    rows = ec2.describe_tags(Filters=[{"Name": "resource-type", "Values": ["vpc"]}])["Tags"]
+    assert {"Key": "env", "ResourceId": vpc, "ResourceType": "vpc", "Value": "lab"} in rows
+    ec2.delete_tags(Resources=[vpc, subnet, group], Tags=[{"Key": "env"}])
+    assert "Tags" not in ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"][0]
+    default = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])[
+        "Vpcs"][0]["VpcId"]
+    ec2.create_tags(Resources=[default], Tags=[{"Key": "Name", "Value": "default"}])
+    assert ec2.describe_vpcs(VpcIds=[default])["Vpcs"][0]["Tags"] == [
+        {"Key": "Name", "Value": "default"}]
+    fails("InvalidVpcID.NotFound", ec2.create_tags, Resources=["vpc-0123456789abcdef0"],
+          Tags=[{"Key": "a", "Value": "b"}])
+    fails("InvalidSubnetID.Malformed", ec2.create_tags, Resources=["subnet-x"],
+          Tags=[{"Key": "a", "Value": "b"}])
+    ec2.delete_security_group(GroupId=group)
+    ec2.delete_subnet(SubnetId=subnet)
+    ec2.delete_vpc(VpcId=vpc)

@@ -8,9 +8,10 @@ Recorded, not enforced: no packet is routed or filtered by any of this (docs/gat
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import msgspec
 
@@ -56,6 +57,8 @@ from roost.gateway.netrequests import (
     PermissionsRequest,
 )
 from roost.gateway.network import NetworkStore
+
+R = TypeVar("R", Vpc, Subnet, SecurityGroup)
 
 
 def _new_id(prefix: str) -> str:
@@ -114,6 +117,40 @@ class NetworkService:
 
     def group_names(self) -> dict[str, str]:
         return {g.group_id: g.group_name for g in self.store.groups()}
+
+    # -- tags -------------------------------------------------------------------------
+
+    def _taggable(self, rid: str) -> Vpc | Subnet | SecurityGroup:
+        if rid.startswith("vpc-"):
+            return self.vpc(rid)
+        if rid.startswith("subnet-"):
+            return self.subnet(rid)
+        return self.group(GroupRef(group_id=rid))
+
+    def require_taggable(self, ids: Sequence[str]) -> None:
+        for rid in ids:
+            self._taggable(rid)
+
+    async def change_tags(self, rid: str, change: Mapping[str, str | None], *,
+                          delete: bool) -> None:
+        """CreateTags/DeleteTags on a VPC, subnet or group: the record is rewritten
+        with compare-and-set (a derived default is stored from then on)."""
+        def edit(rec: R) -> R:
+            tags = {} if delete and not change else dict(rec.tags)
+            for key, value in change.items():
+                if not delete:
+                    tags[key] = value or ""
+                elif key in tags and (value is None or tags[key] == value):
+                    del tags[key]
+            return msgspec.structs.replace(rec, tags=tags)
+
+        base = self._taggable(rid)
+        if isinstance(base, Vpc):
+            await self.store.change(rid, base, edit)
+        elif isinstance(base, Subnet):
+            await self.store.change(rid, base, edit)
+        else:
+            await self.store.change(rid, base, edit)
 
     # -- VPCs and subnets -------------------------------------------------------------
 

@@ -188,6 +188,11 @@ class Ec2Reads:
         _check_dry_run(req)
         rows = [TagRow(r.instance_id, k, v) for r in self.service.index.all()
                 for k, v in r.tags.items()]
+        store = self.service.net.store
+        for kind, found in (("vpc", store.vpcs()), ("subnet", store.subnets()),
+                            ("security-group", store.groups())):
+            rows += [TagRow(store.record_id(x), k, v, kind) for x in found
+                     for k, v in x.tags.items()]
         return paginate(apply_filters(rows, req.filters, TAG_FIELDS), req.page,
                         key=lambda t: f"{t.resource_id}\0{t.key}")
 

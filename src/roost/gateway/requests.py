@@ -31,6 +31,8 @@ from roost.gateway.query import Params
 INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 MAX_USER_DATA = 16 * 1024
 MAX_TAGS = 50
+TAGGABLE_NETWORK = ("vpc", "subnet", "sg")
+"""Besides instances, CreateTags and DeleteTags take these resources' ids."""
 DEFAULT_INSTANCE_TYPE = "m1.small"
 """What EC2 launches when RunInstances names no type; roost's catalog has it."""
 
@@ -326,13 +328,19 @@ def parse_tags(p: Params, *, deleting: bool) -> TagsRequest:
     ids = p.values("ResourceId")
     if not ids:
         p.require("ResourceId.1")
+    checked: list[str] = []
     for rid in ids:
-        if not rid.startswith("i-"):
-            raise InvalidID(f"The ID '{rid}' is not valid")  # roost tags instances only
+        kind = rid.split("-", 1)[0]
+        if kind == "i":
+            checked.extend(instance_ids([rid]))
+        elif kind in TAGGABLE_NETWORK:
+            checked.append(check_id(kind, rid))
+        else:
+            raise InvalidID(f"The ID '{rid}' is not valid")
     tags = _tag_list(p.members("Tag"), values_required=not deleting)
     if not tags and not deleting:
         p.require("Tag.1.Key")
-    return TagsRequest(instance_ids(ids), tags, dry_run=p.flag("DryRun"))
+    return TagsRequest(tuple(dict.fromkeys(checked)), tags, dry_run=p.flag("DryRun"))
 
 
 def parse_instance_attribute(p: Params) -> InstanceAttributeRequest:

@@ -325,11 +325,16 @@ class Ec2Service:
 
     async def change_tags(self, ids: tuple[str, ...], tags: dict[str, str | None], *,
                           delete: bool, dry_run: bool) -> None:
-        records = await self.index.require(ids)
+        instance_ids = [i for i in ids if i.startswith("i-")]
+        others = [i for i in ids if not i.startswith("i-")]
+        records = await self.index.require(instance_ids)
+        self.net.require_taggable(others)
         if dry_run:
             raise DryRunOperation(DRY_RUN)
         for rec in records:
             await self.index.set_tags(rec, tags, delete=delete)
+        for rid in others:
+            await self.net.change_tags(rid, tags, delete=delete)
 
 
 @dataclass(frozen=True, slots=True)
