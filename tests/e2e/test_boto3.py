@@ -185,14 +185,16 @@ def test_parameter_errors(ec2: Any) -> None:
     assert code(exc) == "InvalidPaginationToken"
     with pytest.raises(ClientError) as exc:
         ec2.describe_instance_types(InstanceTypes=["nope.large"])
-    assert code(exc) == "InvalidParameterValue"
+    assert code(exc) == "InvalidInstanceType"
 
 
 def test_missing_parameter_and_unknown_action(cluster: ThreadedCluster) -> None:
     # boto3 checks required members itself; a client without that reaches the gateway.
-    with pytest.raises(ClientError) as exc:
-        _without_validation(cluster).run_instances(ImageId=IMAGE, MinCount=1, MaxCount=1)
-    assert (code(exc), status(exc)) == ("MissingParameter", 400)
+    # No InstanceType: EC2's default, m1.small.
+    plain = _without_validation(cluster)
+    (inst,) = plain.run_instances(ImageId=IMAGE, MinCount=1, MaxCount=1)["Instances"]
+    assert inst["InstanceType"] == "m1.small"
+    plain.terminate_instances(InstanceIds=[inst["InstanceId"]])
     with pytest.raises(ClientError) as exc:
         _without_validation(cluster).run_instances(ImageId=IMAGE, InstanceType="t3.micro",
                                                    MaxCount=1)
@@ -200,6 +202,9 @@ def test_missing_parameter_and_unknown_action(cluster: ThreadedCluster) -> None:
     with pytest.raises(ClientError) as exc:
         _signed_call(cluster, "Action=LaunchRockets&Version=2016-11-15")
     assert (code(exc), status(exc)) == ("InvalidAction", 400)
+    with pytest.raises(ClientError) as exc:
+        _signed_call(cluster, "Version=2016-11-15")
+    assert (code(exc), status(exc)) == ("MissingAction", 400)
 
 
 def _without_validation(cluster: ThreadedCluster) -> Any:

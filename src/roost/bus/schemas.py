@@ -41,6 +41,11 @@ class LaunchRequest(Msg):
     follows if they still hold the type, else it picks its own."""
     options: InstanceOptions | None = None
     """Protection, shutdown behaviour and metadata options; None means EC2's defaults."""
+    private_ip: str = ""
+    """The address the gateway allocated (`roost_addresses`); the node copies it."""
+    network: InstanceNetwork | None = None
+    """Subnet, VPC, groups, key and root volume the gateway chose; the node copies it
+    into the record and enforces none of it."""
 
 
 class InstanceOptions(Msg):
@@ -54,6 +59,25 @@ class InstanceOptions(Msg):
     http_endpoint: Literal["enabled", "disabled"] = "enabled"
     http_put_response_hop_limit: int = 1
     instance_metadata_tags: Literal["enabled", "disabled"] = "disabled"
+
+
+class InstanceNetwork(Msg):
+    """What EC2 shows of an instance's network identity and root volume. Recorded,
+    not enforced: see docs/gateway.md."""
+
+    subnet_id: str = ""
+    vpc_id: str = ""
+    security_group_ids: list[str] = []
+    key_name: str = ""
+    root_volume_size: int = 8  # GiB
+    root_volume_type: str = "gp2"
+    root_volume_iops: int | None = None
+    root_volume_throughput: int | None = None
+    root_volume_encrypted: bool = False
+    root_delete_on_termination: bool = True
+    tenancy: str = "default"
+    monitoring: bool = False
+    ebs_optimized: bool = False
 
 
 class InstanceRecord(Msg):
@@ -79,6 +103,11 @@ class InstanceRecord(Msg):
     gpus: list[tuple[int, int]] = []
     updated_at: str = ""
     options: InstanceOptions | None = None  # None: EC2's defaults (`InstanceOptions()`)
+    network: InstanceNetwork | None = None  # from the LaunchRequest; None before VPCs
+
+    @property
+    def net(self) -> InstanceNetwork:
+        return self.network or DEFAULT_NETWORK
 
     @property
     def opts(self) -> InstanceOptions:
@@ -174,6 +203,7 @@ class DrainReply(Msg):
 
 
 DEFAULT_OPTIONS = InstanceOptions()
+DEFAULT_NETWORK = InstanceNetwork()
 
 M = TypeVar("M", bound=Msg)
 

@@ -26,6 +26,18 @@ CLIENT_TOKENS_BUCKET = "roost_client_tokens"
 """JetStream KV bucket with a TTL: hash(owner, ClientToken) -> the RunInstances result,
 written by gateways."""
 
+NETWORK_BUCKET = "roost_network"
+"""JetStream KV bucket: VPC, subnet and security group id -> record, and
+``sgname.<vpc>.<name>`` -> group id; written by gateways, create or compare-and-set."""
+ADDRESSES_BUCKET = "roost_addresses"
+"""JetStream KV bucket: ``<subnet>.<a_b_c_d>`` -> the launch that holds the private
+address; created by the allocating gateway, deleted (by revision) on release."""
+KEY_PAIRS_BUCKET = "roost_key_pairs"
+"""JetStream KV bucket: base32 key name -> key pair (public half only); gateways."""
+LAUNCH_TEMPLATES_BUCKET = "roost_launch_templates"
+"""JetStream KV bucket: ``lt-…`` -> the template with all its versions (compare-and-set),
+``ltname.<base32 name>`` -> its id (create); written by gateways."""
+
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 

@@ -107,6 +107,8 @@ def _builtin() -> list[InstanceType]:
         types.append(InstanceType(name, vcpu * 1000, gib * 1024, gpu_count=gpus))
     for name, vcpu, gib, milli in _GS:
         types.append(InstanceType(name, vcpu * 1000, gib * 1024, gpu_milli=milli))
+    # EC2's default when RunInstances names no type: 1 vCPU, 1.7 GiB.
+    types.append(InstanceType("m1.small", 1000, 1740))
     return types
 
 

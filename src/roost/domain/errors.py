@@ -15,6 +15,42 @@ RoostError
  │    ├── InvalidInstanceAttributeValue 400
  │    ├── IdempotentParameterMismatch 400
  │    ├── InvalidPaginationToken     400
+ │    ├── MissingAction              400  MissingAction
+ │    ├── TagLimitExceeded           400  TagLimitExceeded
+ │    ├── InvalidInstanceType        400  InvalidInstanceType
+ │    ├── InvalidVpcIDNotFound       400  InvalidVpcID.NotFound
+ │    ├── InvalidVpcIDMalformed      400  InvalidVpcID.Malformed
+ │    ├── InvalidVpcRange            400  InvalidVpc.Range
+ │    ├── InvalidSubnetIDNotFound    400  InvalidSubnetID.NotFound
+ │    ├── InvalidSubnetIDMalformed   400  InvalidSubnetID.Malformed
+ │    ├── InvalidSubnetRange         400  InvalidSubnet.Range
+ │    ├── InvalidSubnetConflict      400  InvalidSubnet.Conflict
+ │    ├── InvalidGroupNotFound       400  InvalidGroup.NotFound
+ │    ├── InvalidGroupIdMalformed    400  InvalidGroupId.Malformed
+ │    ├── InvalidGroupDuplicate      400  InvalidGroup.Duplicate
+ │    ├── InvalidGroupReserved       400  InvalidGroup.Reserved
+ │    ├── InvalidPermissionDuplicate 400  InvalidPermission.Duplicate
+ │    ├── InvalidPermissionNotFound  400  InvalidPermission.NotFound
+ │    ├── InvalidPermissionMalformed 400  InvalidPermission.Malformed
+ │    ├── DependencyViolation        400  DependencyViolation
+ │    ├── InvalidKeyPairNotFound     400  InvalidKeyPair.NotFound
+ │    ├── InvalidKeyPairDuplicate    400  InvalidKeyPair.Duplicate
+ │    ├── InvalidKeyFormat           400  InvalidKey.Format
+ │    ├── InvalidIPAddressInUse      400  InvalidIPAddress.InUse
+ │    ├── InsufficientFreeAddressesInSubnet 400
+ │    ├── InvalidBlockDeviceMapping  400  InvalidBlockDeviceMapping
+ │    ├── CannotDelete               400  CannotDelete
+ │    ├── InvalidVolumeNotFound      400  InvalidVolume.NotFound
+ │    ├── TemplateNameExists         400  InvalidLaunchTemplateName.AlreadyExistsException
+ │    ├── TemplateNameMalformed      400  InvalidLaunchTemplateName.MalformedException
+ │    ├── TemplateNameNotFound       400  InvalidLaunchTemplateName.NotFoundException
+ │    ├── TemplateIdMalformed        400  InvalidLaunchTemplateId.Malformed
+ │    ├── TemplateIdNotFound         400  InvalidLaunchTemplateId.NotFound
+ │    ├── TemplateVersionNotFound    400  InvalidLaunchTemplateId.VersionNotFound
+ │    ├── InvalidNetworkInterfaceIDNotFound 400  InvalidNetworkInterfaceID.NotFound
+ │    ├── InvalidRouteTableIDNotFound 400  InvalidRouteTableID.NotFound
+ │    ├── InvalidNetworkAclIDNotFound 400  InvalidNetworkAclID.NotFound
+ │    ├── InvalidParameter           400  InvalidParameter
  │    ├── AuthFailure                401
  │    ├── RequestExpired             400
  │    └── DryRunOperation            412  (EC2 reports a successful dry run as an error)
@@ -105,6 +141,150 @@ class AuthFailure(ClientError):
 
 class RequestExpired(ClientError):
     code = "RequestExpired"
+
+
+class MissingAction(ClientError):
+    code = "MissingAction"
+
+
+class TagLimitExceeded(ClientError):
+    code = "TagLimitExceeded"
+
+
+class InvalidInstanceType(ClientError):
+    code = "InvalidInstanceType"
+
+
+class InvalidVpcIDNotFound(ClientError):
+    code = "InvalidVpcID.NotFound"
+
+
+class InvalidVpcIDMalformed(ClientError):
+    code = "InvalidVpcID.Malformed"
+
+
+class InvalidVpcRange(ClientError):
+    code = "InvalidVpc.Range"
+
+
+class InvalidSubnetIDNotFound(ClientError):
+    code = "InvalidSubnetID.NotFound"
+
+
+class InvalidSubnetIDMalformed(ClientError):
+    code = "InvalidSubnetID.Malformed"
+
+
+class InvalidSubnetRange(ClientError):
+    code = "InvalidSubnet.Range"
+
+
+class InvalidSubnetConflict(ClientError):
+    code = "InvalidSubnet.Conflict"
+
+
+class InvalidGroupNotFound(ClientError):
+    code = "InvalidGroup.NotFound"
+
+
+class InvalidGroupIdMalformed(ClientError):
+    code = "InvalidGroupId.Malformed"
+
+
+class InvalidGroupDuplicate(ClientError):
+    code = "InvalidGroup.Duplicate"
+
+
+class InvalidGroupReserved(ClientError):
+    code = "InvalidGroup.Reserved"
+
+
+class InvalidPermissionDuplicate(ClientError):
+    code = "InvalidPermission.Duplicate"
+
+
+class InvalidPermissionNotFound(ClientError):
+    code = "InvalidPermission.NotFound"
+
+
+class InvalidPermissionMalformed(ClientError):
+    code = "InvalidPermission.Malformed"
+
+
+class DependencyViolation(ClientError):
+    code = "DependencyViolation"
+
+
+class InvalidKeyPairNotFound(ClientError):
+    code = "InvalidKeyPair.NotFound"
+
+
+class InvalidKeyPairDuplicate(ClientError):
+    code = "InvalidKeyPair.Duplicate"
+
+
+class InvalidKeyFormat(ClientError):
+    code = "InvalidKey.Format"
+
+
+class InvalidIPAddressInUse(ClientError):
+    code = "InvalidIPAddress.InUse"
+
+
+class InsufficientFreeAddressesInSubnet(ClientError):
+    code = "InsufficientFreeAddressesInSubnet"
+
+
+class InvalidBlockDeviceMapping(ClientError):
+    code = "InvalidBlockDeviceMapping"
+
+
+class CannotDelete(ClientError):
+    code = "CannotDelete"
+
+
+class InvalidVolumeNotFound(ClientError):
+    code = "InvalidVolume.NotFound"
+
+
+class TemplateNameExists(ClientError):
+    code = "InvalidLaunchTemplateName.AlreadyExistsException"
+
+
+class TemplateNameMalformed(ClientError):
+    code = "InvalidLaunchTemplateName.MalformedException"
+
+
+class TemplateNameNotFound(ClientError):
+    code = "InvalidLaunchTemplateName.NotFoundException"
+
+
+class TemplateIdMalformed(ClientError):
+    code = "InvalidLaunchTemplateId.Malformed"
+
+
+class TemplateIdNotFound(ClientError):
+    code = "InvalidLaunchTemplateId.NotFound"
+
+
+class TemplateVersionNotFound(ClientError):
+    code = "InvalidLaunchTemplateId.VersionNotFound"
+
+
+class InvalidNetworkInterfaceIDNotFound(ClientError):
+    code = "InvalidNetworkInterfaceID.NotFound"
+
+
+class InvalidRouteTableIDNotFound(ClientError):
+    code = "InvalidRouteTableID.NotFound"
+
+
+class InvalidNetworkAclIDNotFound(ClientError):
+    code = "InvalidNetworkAclID.NotFound"
+
+
+class InvalidParameter(ClientError):
+    code = "InvalidParameter"
 
 
 class DryRunOperation(ClientError):

@@ -6,32 +6,19 @@ well-formed call is), `service`/`reads` (what it does) or `render` (how EC2 show
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-
 from roost.gateway import render
 from roost.gateway import requests as rq
-from roost.gateway.query import Params
-from roost.gateway.reads import Ec2Reads
-from roost.gateway.service import Ec2Service
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One request as the actions see it."""
-
-    params: Params
-    request_id: str
-    service: Ec2Service
-    reads: Ec2Reads
-
-
-Action = Callable[[Call], Awaitable[str]]
+from roost.gateway.call import Action, Call
+from roost.gateway.ltactions import TEMPLATE_ACTIONS, expand
+from roost.gateway.netactions import NETWORK_ACTIONS
+from roost.gateway.vpcextras import VPC_EXTRA_ACTIONS
 
 
 async def run_instances(c: Call) -> str:
-    reservation = await c.service.run_instances(rq.parse_run_instances(c.params))
-    return render.run_instances(reservation, c.service.types.all(), c.request_id)
+    params, stamps = expand(c.service.templates, c.params)
+    reservation = await c.service.run_instances(rq.parse_run_instances(params, stamps))
+    return render.run_instances(reservation, c.service.types.all(), c.request_id,
+                                c.service.net.group_names())
 
 
 async def terminate_instances(c: Call) -> str:
@@ -51,7 +38,8 @@ async def start_instances(c: Call) -> str:
 
 async def describe_instances(c: Call) -> str:
     page = await c.reads.describe_instances(rq.parse_describe_instances(c.params))
-    return render.describe_instances(page, c.service.types.all(), c.request_id)
+    return render.describe_instances(page, c.service.types.all(), c.request_id,
+                                     c.service.net.group_names())
 
 
 async def describe_instance_status(c: Call) -> str:
@@ -131,6 +119,17 @@ async def get_console_output(c: Call) -> str:
     return render.console_output(out.instance_id, out.output, out.timestamp, c.request_id)
 
 
+async def describe_instance_type_offerings(c: Call) -> str:
+    where = c.params.get("LocationType") or "region"
+    page = await c.reads.describe_type_offerings(rq.parse_describe_offerings(c.params), where)
+    return render.type_offerings(page, where, c.request_id)
+
+
+async def describe_account_attributes(c: Call) -> str:
+    found = c.reads.describe_account_attributes(tuple(c.params.values("AttributeName")))
+    return render.account_attributes(found, c.request_id)
+
+
 ACTIONS: dict[str, Action] = {
     "RunInstances": run_instances,
     "TerminateInstances": terminate_instances,
@@ -151,4 +150,9 @@ ACTIONS: dict[str, Action] = {
     "ModifyInstanceMetadataOptions": modify_instance_metadata_options,
     "RebootInstances": reboot_instances,
     "GetConsoleOutput": get_console_output,
+    "DescribeInstanceTypeOfferings": describe_instance_type_offerings,
+    "DescribeAccountAttributes": describe_account_attributes,
+    **NETWORK_ACTIONS,
+    **TEMPLATE_ACTIONS,
+    **VPC_EXTRA_ACTIONS,
 }

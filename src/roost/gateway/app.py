@@ -21,18 +21,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from roost.domain.errors import (
+    DryRunOperation,
     InternalError,
     InvalidAction,
     InvalidParameterValue,
-    MissingParameter,
+    MissingAction,
     RoostError,
 )
 from roost.gateway import xml
-from roost.gateway.actions import ACTIONS, Call
+from roost.gateway.actions import ACTIONS
 from roost.gateway.admin import admin_routes
+from roost.gateway.call import Call
 from roost.gateway.query import Params, parse_form
 from roost.gateway.reads import Ec2Reads
-from roost.gateway.service import Ec2Service
+from roost.gateway.service import DRY_RUN, Ec2Service
 from roost.gateway.sigv4 import SignedRequest, SigV4Verifier
 
 log = logging.getLogger(__name__)
@@ -90,12 +92,17 @@ def ec2_endpoint(parts: AppParts) -> Endpoint:
             pairs = parse_form(body, request.scope.get("query_string", b"").decode("latin-1"))
             name = pairs.get("Action", "")
             if not name:
-                raise MissingParameter("The request must contain the parameter Action")
+                raise MissingAction("The request must contain the parameter Action")
             handler = ACTIONS.get(name)
             if handler is None:
                 raise InvalidAction(f"The action {name[:100]} is not valid for this web service.")
             action = name
-            text = await handler(Call(Params(pairs), request_id, parts.service, parts.reads))
+            params = Params(pairs)
+            if params.flag("DryRun"):
+                # EC2 answers a dry run from the caller's permissions alone, before it
+                # reads any other parameter; roost's caller may do anything it signs.
+                raise DryRunOperation(DRY_RUN)
+            text = await handler(Call(params, request_id, parts.service, parts.reads))
             status, code = 200, "ok"
         except RoostError as err:
             text, status, code = xml.error(err, request_id), err.http_status, err.code

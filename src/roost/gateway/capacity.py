@@ -167,6 +167,17 @@ class CapacityView:
             seen = True
         return seen
 
+    def room_by_zone(self, type_name: str) -> dict[str, int]:
+        """How many more of ``type_name`` each zone's live nodes last said they fit."""
+        now = self._clock()
+        room: dict[str, int] = {}
+        for n in self._nodes.values():
+            if self._live(n, now):
+                zone = n.snap.availability_zone
+                fits = 0 if n.snap.draining else n.snap.fit.get(type_name, 0)
+                room[zone] = room.get(zone, 0) + fits
+        return room
+
     def status(self) -> list[NodeStatus]:
         now = self._clock()
         for node_id in [k for k, n in self._nodes.items() if now - n.seen_at > FORGET_AFTER]:

@@ -19,8 +19,11 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
 from roost.domain.lifecycle import InstanceState
+from roost.domain.network import private_dns_name
 from roost.gateway.model import Paged, TagRow
+from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.requests import Filter, Page
+from roost.gateway.xml import timestamp
 
 T = TypeVar("T")
 Field = Callable[[T], Iterable[str]]
@@ -133,7 +136,53 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "client-token": lambda r: [r.client_token],
     "private-ip-address": lambda r: [r.private_ip],
     "owner-id": lambda r: [r.owner_id],
+    "vpc-id": lambda r: [r.net.vpc_id] if r.network else [],
+    "subnet-id": lambda r: [r.net.subnet_id] if r.network else [],
+    "key-name": lambda r: [r.net.key_name] if r.net.key_name else [],
+    "instance.group-id": lambda r: r.net.security_group_ids,
+    "group-id": lambda r: r.net.security_group_ids,
+    "private-dns-name": lambda r: [private_dns_name(r.private_ip)] if r.private_ip else [],
+    "launch-time": lambda r: [timestamp(r.launch_time)],
+    "architecture": lambda r: ["x86_64"],
+    "platform-details": lambda r: ["Linux/UNIX"],
+    "platform": lambda r: [],  # Linux instances have none (EC2: "windows" or absent)
+    "root-device-type": lambda r: ["ebs"],
+    "root-device-name": lambda r: [ROOT_DEVICE],
+    "virtualization-type": lambda r: ["hvm"],
+    "hypervisor": lambda r: ["xen"],
+    "state-reason-code": lambda r: [r.state_reason] if r.state_reason else [],
+    "tenancy": lambda r: [r.net.tenancy],
+    "placement.tenancy": lambda r: [r.net.tenancy],
+    "monitoring-state": lambda r: ["enabled" if r.net.monitoring else "disabled"],
+    "ami-launch-index": lambda r: [str(r.ami_launch_index)],
+    "network-interface.network-interface-id": lambda r: _nic(r, "eni-" + r.instance_id[2:]),
+    "network-interface.subnet-id": lambda r: _nic(r, r.net.subnet_id),
+    "network-interface.vpc-id": lambda r: _nic(r, r.net.vpc_id),
+    "network-interface.private-dns-name": lambda r: _nic(r, private_dns_name(r.private_ip)),
+    "network-interface.addresses.private-ip-address": lambda r: _nic(r, r.private_ip),
+    "network-interface.addresses.primary": lambda r: _nic(r, "true"),
+    "network-interface.status": lambda r: _nic(r, "in-use"),
+    "network-interface.attachment.device-index": lambda r: _nic(r, "0"),
+    "network-interface.attachment.status": lambda r: _nic(r, "attached"),
+    "network-interface.group-id": lambda r: r.net.security_group_ids if r.network else [],
+    "network-interface.owner-id": lambda r: _nic(r, r.owner_id),
+    "block-device-mapping.device-name": lambda r: _root(r, ROOT_DEVICE),
+    "block-device-mapping.volume-id": lambda r: _root(r, "vol-" + r.instance_id[2:]),
+    "block-device-mapping.status": lambda r: _root(r, "attached"),
+    "block-device-mapping.attach-time": lambda r: _root(r, timestamp(r.launch_time)),
+    "block-device-mapping.delete-on-termination": lambda r: _root(
+        r, str(r.net.root_delete_on_termination).lower()),
 }
+
+
+def _nic(rec: InstanceRecord, value: str) -> list[str]:
+    """A field of the primary network interface, which live instances with an address
+    have."""
+    return [value] if rec.network and rec.private_ip and rec.state != "terminated" else []
+
+
+def _root(rec: InstanceRecord, value: str) -> list[str]:
+    return [value] if rec.network else []
 
 STATUS_FIELDS: dict[str, Field[InstanceRecord]] = {
     "instance-state-name": INSTANCE_FIELDS["instance-state-name"],

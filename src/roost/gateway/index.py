@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 import nats.errors
@@ -60,12 +60,25 @@ class InstanceIndex:
         self._synced = {k: asyncio.Event() for k in ("records", "tags", "user_data")}
         self._tasks: list[asyncio.Task[None]] = []
         self._chores: set[asyncio.Task[None]] = set()
+        self.group_overrides: Mapping[str, list[str]] = {}
+        """Security groups set by ModifyInstanceAttribute after launch (instance id ->
+        group ids), kept by the gateways (`NetworkStore`) as tags are: the node owns the
+        record and rewrites it on every state change."""
+        self.on_gone: Callable[[InstanceRecord], None] | None = None
+        """Called once per mirror when an instance terminates or its record expires:
+        what it held besides its node's room (its address) can be given back."""
 
     # -- reading -----------------------------------------------------------
 
     def _merged(self, rec: InstanceRecord) -> InstanceRecord:
         found = self._tags.get(rec.instance_id)
-        return rec if found is None else msgspec.structs.replace(rec, tags=dict(found[1]))
+        if found is not None:
+            rec = msgspec.structs.replace(rec, tags=dict(found[1]))
+        groups = self.group_overrides.get(rec.instance_id)
+        if groups is not None and rec.network is not None:
+            net = msgspec.structs.replace(rec.network, security_group_ids=list(groups))
+            rec = msgspec.structs.replace(rec, network=net)
+        return rec
 
     def all(self) -> list[InstanceRecord]:
         return [self._merged(r) for r in self._records.values()]
@@ -118,6 +131,9 @@ class InstanceIndex:
         cur = self._records.get(rec.instance_id)
         if cur is None or _newer(rec, cur, from_bucket=from_bucket):
             self._records[rec.instance_id] = rec
+            ended = rec.state == "terminated" and (cur is None or cur.state != "terminated")
+            if ended and self.on_gone is not None:
+                self.on_gone(rec)
 
     async def set_tags(self, rec: InstanceRecord, change: Mapping[str, str | None], *,
                        delete: bool) -> None:
@@ -235,7 +251,9 @@ class InstanceIndex:
                 self._tags[key] = (entry.revision or 0, tags)
             return
         if removed:
-            self._records.pop(key, None)
+            gone = self._records.pop(key, None)
+            if gone is not None and gone.state != "terminated" and self.on_gone is not None:
+                self.on_gone(gone)
             if key in self._tags or key in self._with_user_data:
                 chore = asyncio.get_running_loop().create_task(self._drop_extras(key))
                 self._chores.add(chore)

@@ -54,6 +54,7 @@ class InstanceAttribute:
     instance_id: str
     name: str  # the attribute's XML element name, e.g. "disableApiTermination"
     value: str
+    groups: tuple[str, ...] = ()  # "groupSet" only
 
 
 # What DescribeInstanceAttribute answers for attributes roost has no notion of: the

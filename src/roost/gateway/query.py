@@ -133,6 +133,15 @@ class Params:
         indices = sorted({i for i, rest, _ in self._indices(name) if rest is not None})
         return [Params(self._pairs, prefix=f"{self._key(name)}.{i}.") for i in indices]
 
+    def under(self, name: str) -> Params:
+        """The structure ``name.*`` as a `Params` of its own."""
+        return Params(self._pairs, prefix=f"{self._key(name)}.")
+
+    def pairs(self) -> dict[str, str]:
+        """Every pair under this prefix, the prefix taken off."""
+        n = len(self._prefix)
+        return {k[n:]: v for k, v in self._pairs.items() if k.startswith(self._prefix)}
+
     def has(self, name: str) -> bool:
         key = self._key(name)
         return key in self._pairs or any(k.startswith(key + ".") for k in self._pairs)

@@ -11,6 +11,7 @@ from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     DryRunOperation,
     InvalidAMIIDNotFound,
+    InvalidInstanceType,
     InvalidParameterValue,
 )
 from roost.domain.images import IMAGES, Image
@@ -31,6 +32,7 @@ from roost.gateway.model import (
     TagRow,
     Zone,
 )
+from roost.gateway.netreads import NetworkReads
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -66,6 +68,7 @@ class Ec2Reads:
     def __init__(self, service: Ec2Service, *, endpoint: str = "") -> None:
         self.service = service
         self.endpoint = endpoint
+        self.net = NetworkReads(service.net.store, service.index)
 
     def _instances(self, req: DescribeRequest, records: Iterable[InstanceRecord],
                    fields: dict[str, Field[InstanceRecord]]) -> list[InstanceRecord]:
@@ -75,7 +78,14 @@ class Ec2Reads:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
-        page = paginate(self._instances(req, records, INSTANCE_FIELDS), req.page,
+        names = self.service.net.group_names()
+        fields: dict[str, Field[InstanceRecord]] = {
+            **INSTANCE_FIELDS,
+            "instance.group-name": lambda r: [names.get(g, "") for g in
+                                              r.net.security_group_ids],
+            "group-name": lambda r: [names.get(g, "") for g in r.net.security_group_ids],
+        }
+        page = paginate(self._instances(req, records, fields), req.page,
                         key=lambda r: r.instance_id)
         grouped: dict[str, list[InstanceRecord]] = {}
         for rec in page.items:
@@ -105,12 +115,50 @@ class Ec2Reads:
         types = registry.all()
         missing = [n for n in req.ids if n not in types]
         if missing:
-            raise InvalidParameterValue(
+            raise InvalidInstanceType(
                 f"The following supplied instance types do not exist: [{', '.join(missing)}]"
             )
         chosen = [types[n] for n in dict.fromkeys(req.ids)] if req.ids else types.values()
         return paginate(apply_filters(chosen, req.filters, TYPE_FIELDS), req.page,
                         key=lambda t: t.name)
+
+    async def describe_type_offerings(self, req: DescribeRequest, location_type: str
+                                      ) -> Paged[tuple[str, str]]:
+        """(type, location) for every type: once for the region, or once per zone."""
+        registry = self.service.types
+        await registry.refresh()
+        if location_type == "region":
+            locations = [self.service.site.region]
+        elif location_type == "availability-zone":
+            locations = self.service.zones()
+        elif location_type == "availability-zone-id":
+            locations = [z.zone_id for z in self.all_zones()]
+        else:
+            raise InvalidParameterValue(
+                f"Value ({location_type[:80]}) for parameter locationType is invalid. Valid "
+                "values: region, availability-zone, availability-zone-id.")
+        rows = [(t, where) for t in registry.all() for where in locations]
+        fields: dict[str, Field[tuple[str, str]]] = {
+            "instance-type": lambda r: [r[0]], "location": lambda r: [r[1]]}
+        return paginate(apply_filters(rows, req.filters, fields), req.page,
+                        key=lambda r: f"{r[1]}\0{r[0]}")
+
+    def describe_account_attributes(self, names: tuple[str, ...]
+                                    ) -> list[tuple[str, list[str]]]:
+        site = self.service.site
+        known = {
+            "supported-platforms": ["VPC"],
+            "default-vpc": [self.service.net.store.default_vpc.vpc_id],
+            "max-instances": [str(site.max_instances_per_request)],
+            "vpc-max-security-groups-per-interface": ["5"],
+            "max-elastic-ips": ["0"],
+            "vpc-max-elastic-ips": ["0"],
+        }
+        for name in names:
+            if name not in known:
+                raise InvalidParameterValue(
+                    f"Value ({name[:80]}) for parameter attributeName is invalid.")
+        return [(n, v) for n, v in known.items() if not names or n in names]
 
     def all_zones(self) -> list[Zone]:
         region = self.service.site.region
@@ -140,6 +188,11 @@ class Ec2Reads:
         _check_dry_run(req)
         rows = [TagRow(r.instance_id, k, v) for r in self.service.index.all()
                 for k, v in r.tags.items()]
+        store = self.service.net.store
+        for kind, found in (("vpc", store.vpcs()), ("subnet", store.subnets()),
+                            ("security-group", store.groups())):
+            rows += [TagRow(store.record_id(x), k, v, kind) for x in found
+                     for k, v in x.tags.items()]
         return paginate(apply_filters(rows, req.filters, TAG_FIELDS), req.page,
                         key=lambda t: f"{t.resource_id}\0{t.key}")
 
@@ -164,6 +217,9 @@ class Ec2Reads:
         (rec,) = await self.service.index.require([req.instance_id])
         if req.attribute == "instanceType":
             return InstanceAttribute(rec.instance_id, "instanceType", rec.instance_type)
+        if req.attribute == "groupSet":
+            return InstanceAttribute(rec.instance_id, "groupSet", "",
+                                     groups=tuple(rec.net.security_group_ids))
         if req.attribute == "userData":
             user_data = await self.service.index.user_data(rec.instance_id)
             return InstanceAttribute(rec.instance_id, "userData", user_data)

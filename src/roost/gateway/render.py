@@ -13,8 +13,18 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
+from roost.domain.network import private_dns_name
 from roost.gateway.model import InstanceAttribute, Paged, Reservation, StateChange, TagRow, Zone
-from roost.gateway.xml import Fragment, items, node, response, text, timestamp, values
+from roost.gateway.xml import (
+    Fragment,
+    escape_text,
+    items,
+    node,
+    response,
+    text,
+    timestamp,
+    values,
+)
 
 ROOT_DEVICE = "/dev/xvda"
 
@@ -28,55 +38,143 @@ def state(tag: str, name: str) -> Fragment:
 
 
 def _tags(tags: Mapping[str, str]) -> Fragment:
+    """A resource's tagSet; EC2 leaves the element out when there are none."""
+    if not tags:
+        return Fragment("")
     return items("tagSet", (text("key", k) + text("value", v) for k, v in tags.items()))
 
 
-def _dns(ip: str) -> str:
-    return f"ip-{ip.replace('.', '-')}.roost.internal" if ip else ""
+def _group_set(ids: Iterable[str], names: Mapping[str, str]) -> Fragment:
+    return items("groupSet", (text("groupId", g) + text("groupName", names.get(g, ""))
+                              for g in ids))
 
 
-def instance(rec: InstanceRecord, itype: InstanceType | None) -> str:
+def root_volume_id(instance_id: str) -> str:
+    """An instance's root volume: one per instance, named after it."""
+    return "vol-" + instance_id[2:]
+
+
+def interface_id(instance_id: str) -> str:
+    return "eni-" + instance_id[2:]
+
+
+def _block_devices(rec: InstanceRecord, launched: str) -> str:
+    if rec.network is None:
+        return "<blockDeviceMapping/>"
+    status = "detached" if rec.state == "terminated" else "attached"
+    delete = "true" if rec.net.root_delete_on_termination else "false"
+    return (f"<blockDeviceMapping><item><deviceName>{ROOT_DEVICE}</deviceName><ebs>"
+            f"<volumeId>{escape_text(root_volume_id(rec.instance_id))}</volumeId>"
+            f"<status>{status}</status><attachTime>{launched}</attachTime>"
+            f"<deleteOnTermination>{delete}</deleteOnTermination></ebs></item>"
+            "</blockDeviceMapping>")
+
+
+def _interfaces(rec: InstanceRecord, names: Mapping[str, str]) -> str:
+    if not has_interface(rec):
+        return "<networkInterfaceSet/>"
+    return f"<networkInterfaceSet><item>{interface(rec, names)}</item></networkInterfaceSet>"
+
+
+def has_interface(rec: InstanceRecord) -> bool:
+    """Live instances with an address have their primary interface; terminated ones
+    have none left."""
+    return rec.network is not None and bool(rec.private_ip) and rec.state != "terminated"
+
+
+def interface(rec: InstanceRecord, names: Mapping[str, str], *,
+              standalone: bool = False) -> Fragment:
+    """An instance's primary interface: as DescribeInstances nests it, or (with
+    ``standalone``) as DescribeNetworkInterfaces lists it. Written as one template:
+    DescribeInstances renders one per instance, 10,000 at a time."""
+    net = rec.net
+    ip = escape_text(rec.private_ip)
+    dns = escape_text(private_dns_name(rec.private_ip))
+    short = escape_text(rec.instance_id[2:])
+    owner = escape_text(rec.owner_id)
+    extra_attach = (f"<instanceId>{escape_text(rec.instance_id)}</instanceId>"
+                    f"<instanceOwnerId>{owner}</instanceOwnerId>") if standalone else ""
+    zone = (f"<availabilityZone>{escape_text(rec.availability_zone)}</availabilityZone>"
+            if standalone else "")
+    managed = "<requesterManaged>false</requesterManaged>" if standalone else ""
+    return Fragment(
+        f"<networkInterfaceId>eni-{short}</networkInterfaceId>"
+        f"<subnetId>{escape_text(net.subnet_id)}</subnetId><vpcId>{escape_text(net.vpc_id)}</vpcId>"
+        f"{zone}<description></description><ownerId>{owner}</ownerId>{managed}"
+        f"<status>in-use</status><macAddress>{_mac(rec.instance_id)}</macAddress>"
+        f"<privateIpAddress>{ip}</privateIpAddress><privateDnsName>{dns}</privateDnsName>"
+        f"<sourceDestCheck>true</sourceDestCheck>"
+        f"{_group_set(net.security_group_ids, names)}"
+        f"<attachment><attachmentId>eni-attach-{short}</attachmentId>"
+        f"<deviceIndex>0</deviceIndex><status>attached</status>"
+        f"<attachTime>{timestamp(rec.launch_time)}</attachTime>"
+        f"<deleteOnTermination>true</deleteOnTermination>"
+        f"<networkCardIndex>0</networkCardIndex>{extra_attach}</attachment>"
+        f"<privateIpAddressesSet><item><privateIpAddress>{ip}</privateIpAddress>"
+        f"<privateDnsName>{dns}</privateDnsName><primary>true</primary></item>"
+        f"</privateIpAddressesSet><ipv6AddressesSet/><interfaceType>interface</interfaceType>"
+    )
+
+
+def _mac(instance_id: str) -> str:
+    tail = (instance_id[2:] + "0" * 10)[:10]
+    return "02:" + ":".join(tail[i:i + 2] for i in range(0, 10, 2))
+
+
+_FIXED = "".join([
+    text("dnsName", ""), "<productCodes/>", text("sourceDestCheck", True),
+    text("architecture", "x86_64"), text("rootDeviceType", "ebs"),
+    text("rootDeviceName", ROOT_DEVICE), text("virtualizationType", "hvm"),
+    text("hypervisor", "xen"), text("enaSupport", True),
+    node("capacityReservationSpecification", text("capacityReservationPreference", "open")),
+    node("hibernationOptions", text("configured", False)),
+    node("enclaveOptions", text("enabled", False)),
+    text("platformDetails", "Linux/UNIX"), text("usageOperation", "RunInstances"),
+    node("maintenanceOptions", text("autoRecovery", "default")),
+    text("currentInstanceBootMode", "legacy-bios"),
+])
+"""What every instance shows alike. Element order carries no meaning in EC2's XML, so
+the constant part is rendered once, not 10,000 times per DescribeInstances."""
+
+
+def instance(rec: InstanceRecord, itype: InstanceType | None,
+             names: Mapping[str, str] | None = None) -> str:
     reason = rec.state_reason
     cores = itype.vcpus if itype else 1
+    net = rec.net
+    names = names or {}
+    live = rec.state != "terminated"
+    vpc = rec.network is not None and live
+    launched = timestamp(rec.launch_time)
     return Fragment("".join([
         text("instanceId", rec.instance_id),
         text("imageId", rec.image_id),
         state("instanceState", rec.state),
-        text("privateDnsName", _dns(rec.private_ip)),
-        text("dnsName", ""),
+        text("privateDnsName", private_dns_name(rec.private_ip) if live else ""),
         text("reason", rec.state_transition_reason),
         text("amiLaunchIndex", rec.ami_launch_index),
-        Fragment("<productCodes/>"),
+        text("keyName", net.key_name or None),
         text("instanceType", rec.instance_type),
-        text("launchTime", timestamp(rec.launch_time)),
-        node("placement", text("availabilityZone", rec.availability_zone),
-             Fragment("<groupName/>"), text("tenancy", "default")),
-        node("monitoring", text("state", "disabled")),
-        text("privateIpAddress", rec.private_ip or None),
-        text("sourceDestCheck", True),
-        Fragment("<groupSet/>"),
+        text("launchTime", launched),
+        f"<placement>{text('availabilityZone', rec.availability_zone)}<groupName/>"
+        f"<tenancy>{escape_text(net.tenancy)}</tenancy></placement>",
+        "<monitoring><state>enabled</state></monitoring>" if net.monitoring
+        else "<monitoring><state>disabled</state></monitoring>",
+        text("subnetId", net.subnet_id if vpc else None),
+        text("vpcId", net.vpc_id if vpc else None),
+        text("privateIpAddress", (rec.private_ip or None) if live else None),
+        _group_set(net.security_group_ids if live else (), names),
         node("stateReason", text("code", reason), text("message", reason)) if reason else "",
-        text("architecture", "x86_64"),
-        text("rootDeviceType", "ebs"),
-        text("rootDeviceName", ROOT_DEVICE),
-        Fragment("<blockDeviceMapping/>"),
-        text("virtualizationType", "hvm"),
+        _block_devices(rec, launched),
         text("clientToken", rec.client_token),
         _tags(rec.tags),
-        text("hypervisor", "xen"),
-        Fragment("<networkInterfaceSet/>"),
-        text("ebsOptimized", False),
-        text("enaSupport", True),
-        node("cpuOptions", text("coreCount", cores), text("threadsPerCore", 1)),
-        node("capacityReservationSpecification",
-             text("capacityReservationPreference", "open")),
-        node("hibernationOptions", text("configured", False)),
+        _interfaces(rec, names),
+        "<ebsOptimized>true</ebsOptimized>" if net.ebs_optimized
+        else "<ebsOptimized>false</ebsOptimized>",
+        f"<cpuOptions><coreCount>{cores}</coreCount><threadsPerCore>1</threadsPerCore>"
+        "</cpuOptions>",
         metadata_options(rec),
-        node("enclaveOptions", text("enabled", False)),
-        text("platformDetails", "Linux/UNIX"),
-        text("usageOperation", "RunInstances"),
-        node("maintenanceOptions", text("autoRecovery", "default")),
-        text("currentInstanceBootMode", "legacy-bios"),
+        _FIXED,
     ]))
 
 
@@ -92,24 +190,28 @@ def metadata_options(rec: InstanceRecord, tag: str = "metadataOptions") -> Fragm
 TypeLookup = Mapping[str, InstanceType]
 
 
-def _instances(recs: Iterable[InstanceRecord], types: TypeLookup) -> Fragment:
-    return items("instancesSet", (instance(r, types.get(r.instance_type)) for r in recs))
+def _instances(recs: Iterable[InstanceRecord], types: TypeLookup,
+               names: Mapping[str, str]) -> Fragment:
+    return items("instancesSet", (instance(r, types.get(r.instance_type), names)
+                                  for r in recs))
 
 
-def run_instances(res: Reservation, types: TypeLookup, request_id: str) -> str:
+def run_instances(res: Reservation, types: TypeLookup, request_id: str,
+                  names: Mapping[str, str] | None = None) -> str:
     return response(
         "RunInstances", request_id,
         text("reservationId", res.reservation_id),
         text("ownerId", res.owner_id),
         Fragment("<groupSet/>"),
-        _instances(res.instances, types),
+        _instances(res.instances, types, names or {}),
     )
 
 
-def describe_instances(page: Paged[Reservation], types: TypeLookup, request_id: str) -> str:
+def describe_instances(page: Paged[Reservation], types: TypeLookup, request_id: str,
+                       names: Mapping[str, str] | None = None) -> str:
     reservations = items("reservationSet", (
         text("reservationId", r.reservation_id) + text("ownerId", r.owner_id)
-        + Fragment("<groupSet/>") + _instances(r.instances, types)
+        + Fragment("<groupSet/>") + _instances(r.instances, types, names or {})
         for r in page.items
     ))
     return response("DescribeInstances", request_id, reservations,
@@ -238,6 +340,8 @@ def instance_attribute(attr: InstanceAttribute, request_id: str) -> str:
     # An unset attribute (no user data) is an empty element, not an empty value:
     # Terraform hashes an empty value as if it were user data.
     value = node(attr.name, text("value", attr.value)) if attr.value else f"<{attr.name}/>"
+    if attr.name == "groupSet":
+        value = items("groupSet", (text("groupId", g) for g in attr.groups))
     return response("DescribeInstanceAttribute", request_id,
                     text("instanceId", attr.instance_id), value)
 
@@ -260,3 +364,19 @@ def metadata_options_result(rec: InstanceRecord, request_id: str) -> str:
     return response("ModifyInstanceMetadataOptions", request_id,
                     text("instanceId", rec.instance_id),
                     metadata_options(rec, "instanceMetadataOptions"))
+
+
+def type_offerings(page: Paged[tuple[str, str]], location_type: str, request_id: str) -> str:
+    return response("DescribeInstanceTypeOfferings", request_id, items(
+        "instanceTypeOfferingSet",
+        (text("instanceType", t) + text("locationType", location_type) + text("location", where)
+         for t, where in page.items),
+    ), text("nextToken", page.next_token))
+
+
+def account_attributes(found: Iterable[tuple[str, list[str]]], request_id: str) -> str:
+    return response("DescribeAccountAttributes", request_id, items("accountAttributeSet", (
+        text("attributeName", name)
+        + items("attributeValueSet", (text("attributeValue", v) for v in vals))
+        for name, vals in found
+    )))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,12 +23,18 @@ from roost.domain.errors import (
     InvalidParameterCombination,
     InvalidParameterValue,
     MissingParameter,
+    TagLimitExceeded,
 )
+from roost.gateway.netrequests import LaunchNetwork, check_id, parse_launch_network
 from roost.gateway.query import Params
 
 INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 MAX_USER_DATA = 16 * 1024
 MAX_TAGS = 50
+TAGGABLE_NETWORK = ("vpc", "subnet", "sg")
+"""Besides instances, CreateTags and DeleteTags take these resources' ids."""
+DEFAULT_INSTANCE_TYPE = "m1.small"
+"""What EC2 launches when RunInstances names no type; roost's catalog has it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +63,14 @@ class RunInstancesRequest:
     availability_zone: str = ""
     dry_run: bool = False
     options: InstanceOptions = DEFAULT_OPTIONS
+    network: LaunchNetwork = field(default_factory=LaunchNetwork)
 
     def fingerprint(self) -> tuple[object, ...]:
         """What must match for a repeated ClientToken to count as the same request."""
         return (self.image_id, self.instance_type, self.min_count, self.max_count,
                 self.tags, self.user_data, self.availability_zone,
-                tuple(sorted(msgspec.structs.asdict(self.options).items())))
+                tuple(sorted(msgspec.structs.asdict(self.options).items())),
+                repr(self.network))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +127,7 @@ class ModifyInstanceRequest:
     user_data: str | None = None
     fixed: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
+    group_ids: tuple[str, ...] = ()  # GroupId.N: the instance's new security groups
 
     def changes(self, current: InstanceOptions) -> InstanceChanges:
         opts = msgspec.structs.replace(current, **self.options) if self.options else None
@@ -132,7 +142,7 @@ def instance_ids(values: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(values))  # de-duplicated, first-seen order
 
 
-def _filters(p: Params) -> tuple[Filter, ...]:
+def filters(p: Params) -> tuple[Filter, ...]:
     out = []
     for f in p.members("Filter"):
         out.append(Filter(f.require("Name"), tuple(f.values("Value"))))
@@ -163,7 +173,7 @@ def _tag_list(
     members: list[Params], *, values_required: bool
 ) -> tuple[tuple[str, str | None], ...]:
     if len(members) > MAX_TAGS:
-        raise InvalidParameterValue(f"At most {MAX_TAGS} tags may be given.")
+        raise TagLimitExceeded(f"The maximum number of tags per resource is {MAX_TAGS}.")
     tags = []
     for t in members:
         value = t.get("Value")
@@ -234,9 +244,11 @@ def _launch_options(p: Params) -> InstanceOptions:
     return msgspec.structs.replace(DEFAULT_OPTIONS, **fields)
 
 
-def parse_run_instances(p: Params) -> RunInstancesRequest:
+def parse_run_instances(p: Params, stamps: Mapping[str, str] | None = None
+                        ) -> RunInstancesRequest:
+    """``stamps``: tags EC2 sets itself (``aws:`` keys, which callers may not)."""
     image_id = p.require("ImageId")
-    itype = p.require("InstanceType")
+    itype = p.get("InstanceType") or DEFAULT_INSTANCE_TYPE
     min_count, max_count = _count(p, "MinCount"), _count(p, "MaxCount")
     if min_count < 1 or max_count < 1:
         raise InvalidParameterValue("MinCount and MaxCount must be at least 1.")
@@ -254,11 +266,12 @@ def parse_run_instances(p: Params) -> RunInstancesRequest:
     return RunInstancesRequest(
         image_id, itype, min_count, max_count,
         client_token=token,
-        tags=tuple(dict(tags).items()),
+        tags=tuple({**dict(tags), **(stamps or {})}.items()),
         user_data=_user_data(p.get("UserData") or ""),
         availability_zone=p.get("Placement.AvailabilityZone") or "",
         dry_run=p.flag("DryRun"),
         options=_launch_options(p),
+        network=parse_launch_network(p, max_count=max_count),
     )
 
 
@@ -276,48 +289,58 @@ def parse_describe_instances(p: Params) -> DescribeRequest:
         raise InvalidParameterCombination(
             "The parameter instancesSet cannot be used with the parameter maxResults"
         )
-    return DescribeRequest(ids, _filters(p), page, dry_run=p.flag("DryRun"))
+    return DescribeRequest(ids, filters(p), page, dry_run=p.flag("DryRun"))
 
 
 def parse_describe_instance_status(p: Params) -> DescribeRequest:
     return DescribeRequest(
-        instance_ids(p.values("InstanceId")), _filters(p), _page(p, low=5, high=1000),
+        instance_ids(p.values("InstanceId")), filters(p), _page(p, low=5, high=1000),
         dry_run=p.flag("DryRun"), include_all=p.flag("IncludeAllInstances"),
     )
 
 
 def parse_describe_credit_specifications(p: Params) -> DescribeRequest:
-    return DescribeRequest(instance_ids(p.values("InstanceId")), _filters(p),
+    return DescribeRequest(instance_ids(p.values("InstanceId")), filters(p),
                            _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
 
 
 def parse_describe_instance_types(p: Params) -> DescribeRequest:
     return DescribeRequest(
-        tuple(p.values("InstanceType")), _filters(p), _page(p, low=5, high=100),
+        tuple(p.values("InstanceType")), filters(p), _page(p, low=5, high=100),
         dry_run=p.flag("DryRun"),
     )
 
 
+def parse_describe_offerings(p: Params) -> DescribeRequest:
+    return DescribeRequest((), filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
+
+
 def parse_describe_named(p: Params, list_name: str) -> DescribeRequest:
     """Zones, regions and images: names or ids, filters, no paging."""
-    return DescribeRequest(tuple(p.values(list_name)), _filters(p), dry_run=p.flag("DryRun"))
+    return DescribeRequest(tuple(p.values(list_name)), filters(p), dry_run=p.flag("DryRun"))
 
 
 def parse_describe_tags(p: Params) -> DescribeRequest:
-    return DescribeRequest((), _filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
+    return DescribeRequest((), filters(p), _page(p, low=5, high=1000), dry_run=p.flag("DryRun"))
 
 
 def parse_tags(p: Params, *, deleting: bool) -> TagsRequest:
     ids = p.values("ResourceId")
     if not ids:
         p.require("ResourceId.1")
+    checked: list[str] = []
     for rid in ids:
-        if not rid.startswith("i-"):
-            raise InvalidID(f"The ID '{rid}' is not valid")  # roost tags instances only
+        kind = rid.split("-", 1)[0]
+        if kind == "i":
+            checked.extend(instance_ids([rid]))
+        elif kind in TAGGABLE_NETWORK:
+            checked.append(check_id(kind, rid))
+        else:
+            raise InvalidID(f"The ID '{rid}' is not valid")
     tags = _tag_list(p.members("Tag"), values_required=not deleting)
     if not tags and not deleting:
         p.require("Tag.1.Key")
-    return TagsRequest(instance_ids(ids), tags, dry_run=p.flag("DryRun"))
+    return TagsRequest(tuple(dict.fromkeys(checked)), tags, dry_run=p.flag("DryRun"))
 
 
 def parse_instance_attribute(p: Params) -> InstanceAttributeRequest:
@@ -351,7 +374,10 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
         value = p.get(f"{key}.Value")
         if value is not None:
             raw[_lower_first(key)] = value
-    if not raw:
+    group_ids = tuple(check_id("sg", g) for g in p.values("GroupId"))
+    if name == "groupSet":
+        raise InvalidParameterValue("Give the groups as GroupId.N.")
+    if not raw and not group_ids:
         raise MissingParameter("The request must contain an attribute to modify.")
     options: dict[str, object] = {}
     fixed: dict[str, str] = {}
@@ -368,7 +394,7 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
         else:
             fixed[attr] = value
     return ModifyInstanceRequest(iid, options, instance_type, user_data, fixed,
-                                 dry_run=p.flag("DryRun"))
+                                 dry_run=p.flag("DryRun"), group_ids=group_ids)
 
 
 def _boolean(attr: str, value: str) -> bool:

@@ -29,10 +29,13 @@ from roost.gateway.capacity import FULL_AFTER, CapacityView
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher, LaunchPolicy
 from roost.gateway.metrics import GatewayMetrics
+from roost.gateway.netservice import NetworkService
+from roost.gateway.network import NetworkStore
 from roost.gateway.nodes import NodeClient
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import Ec2Service, Site
 from roost.gateway.sigv4 import SigV4Verifier
+from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import TokenStore
 from roost.gateway.types import TypeRegistry
 
@@ -86,6 +89,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._nc: NATS | None = None
         self._index: InstanceIndex | None = None
+        self._network: NetworkStore | None = None
+        self._templates: TemplateStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -110,13 +115,32 @@ class Gateway:
         tags = await key_value(nc, subjects.TAGS_BUCKET)
         user_data = await key_value(nc, subjects.USER_DATA_BUCKET)
         tokens = await key_value(nc, subjects.CLIENT_TOKENS_BUCKET, ttl=cfg.client_token_ttl)
+        network_kv = await key_value(nc, subjects.NETWORK_BUCKET)
+        addresses_kv = await key_value(nc, subjects.ADDRESSES_BUCKET)
+        key_pairs_kv = await key_value(nc, subjects.KEY_PAIRS_BUCKET)
+        templates = TemplateStore(await key_value(nc, subjects.LAUNCH_TEMPLATES_BUCKET),
+                                  owner_id=cfg.owner_id)
+        self._templates = templates
         loop = asyncio.get_running_loop()
         view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
         nodes = NodeClient(nc, timeout=cfg.launch_timeout)
         self._index = index = InstanceIndex(records, tags, user_data)
+
+        def zones() -> list[str]:
+            return sorted(view.zones()) or [f"{cfg.region}a"]
+
+        self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
+                                               region=cfg.region, owner_id=cfg.owner_id,
+                                               zones=zones)
+        index.on_gone = network.instance_gone
+        index.group_overrides = network.instance_groups
+        network.start(index.all)
+        templates.start()
         index.start()
-        await index.wait_synced(sync_timeout)
+        await asyncio.gather(index.wait_synced(sync_timeout),
+                             network.wait_synced(sync_timeout),
+                             templates.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload))
@@ -124,7 +148,7 @@ class Gateway:
         self.service = service = Ec2Service(
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
-            metrics=self.metrics,
+            metrics=self.metrics, net=NetworkService(network), templates=templates,
         )
         verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
         reads = Ec2Reads(service)
@@ -174,6 +198,10 @@ class Gateway:
             await self.service.tokens.close()  # its claims go quiet: taken over after a lease
         if self._index is not None:
             await self._index.stop()
+        if self._network is not None:
+            await self._network.stop()
+        if self._templates is not None:
+            await self._templates.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:

@@ -14,10 +14,13 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from roost.bus.schemas import (
     DEFAULT_OPTIONS,
     CommandReply,
     InstanceCommand,
+    InstanceNetwork,
     InstanceRecord,
     LaunchRequest,
 )
@@ -36,11 +39,13 @@ from roost.domain.errors import (
 )
 from roost.domain.images import IMAGES
 from roost.domain.lifecycle import InstanceState
+from roost.domain.network import Subnet
 from roost.gateway.capacity import CapacityView
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
 from roost.gateway.model import FIXED_ATTRIBUTES, Reservation, StateChange
+from roost.gateway.netservice import NetworkService
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
 from roost.gateway.requests import (
     ConsoleOutputRequest,
@@ -48,6 +53,7 @@ from roost.gateway.requests import (
     ModifyInstanceRequest,
     RunInstancesRequest,
 )
+from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
 from roost.gateway.types import TypeRegistry
 
@@ -88,6 +94,8 @@ class Ec2Service:
         index: InstanceIndex,
         tokens: TokenStore,
         metrics: GatewayMetrics,
+        net: NetworkService,
+        templates: TemplateStore,
     ) -> None:
         self.site = site
         self.view = view
@@ -97,6 +105,8 @@ class Ec2Service:
         self.index = index
         self.tokens = tokens
         self.metrics = metrics
+        self.net = net
+        self.templates = templates
 
     def zones(self) -> list[str]:
         """Zones with live nodes; the region's default zone while there are none."""
@@ -104,7 +114,7 @@ class Ec2Service:
 
     # -- RunInstances ---------------------------------------------------------------
 
-    async def _validate(self, req: RunInstancesRequest) -> InstanceType:
+    async def _validate(self, req: RunInstancesRequest) -> tuple[InstanceType, Target]:
         if req.image_id not in IMAGES:
             raise InvalidAMIIDNotFound(f"The image id '[{req.image_id}]' does not exist")
         itype = await self.types.resolve(req.instance_type)
@@ -118,11 +128,29 @@ class Ec2Service:
             )
         if req.dry_run:
             raise DryRunOperation(DRY_RUN)
-        return itype
+        return itype, self._target(req, itype)
+
+    def _target(self, req: RunInstancesRequest, itype: InstanceType) -> Target:
+        """The subnet and network identity of a launch, and the zone placement must keep
+        to. Without a subnet or a zone, EC2 picks a default subnet; roost picks the zone
+        whose nodes last said they have the most room for the type, and keeps placement
+        to it only when the cluster has more than one zone."""
+        zone = req.availability_zone
+        if not req.network.subnet_id and not zone:
+            zones = self.zones()
+            room = self.view.room_by_zone(itype.name)
+            zone = max(zones, key=lambda z: (room.get(z, 0), -zones.index(z)))
+            placement_zone = zone if len(zones) > 1 else ""
+        else:
+            placement_zone = zone
+        subnet, network = self.net.resolve(req.network, zone)
+        if req.network.subnet_id:
+            placement_zone = subnet.availability_zone
+        return Target(subnet, network, placement_zone)
 
     async def run_instances(self, req: RunInstancesRequest) -> Reservation:
-        itype = await self._validate(req)
-        zone = req.availability_zone
+        itype, target = await self._validate(req)
+        zone = target.zone
         # Every instance asked for joins the workload the roost and fgd policies learn
         # from, placed or not (a replayed ClientToken is not asked for again).
         count = min(req.max_count, self.site.max_instances_per_request)
@@ -148,19 +176,34 @@ class Ec2Service:
             claim, rid = found, found.reservation_id
         self.launcher.observe(itype, count)
         launches = [self._launch_request(req, rid, i) for i in range(count)]
+        launch_ids = [launch.launch_id for launch in launches]
         started = asyncio.get_running_loop().time()
         try:
+            addresses = await self.net.place(target.subnet, launch_ids,
+                                             req.network.private_ip)
+        except Exception:
+            if claim is not None:
+                await self.tokens.release(claim)
+            raise
+        launches = [msgspec.structs.replace(launch, private_ip=ip, network=target.network)
+                    for launch, ip in zip(launches, addresses, strict=True)]
+        try:
             records = await self.launcher.launch_many(
-                launches, itype, min_count=req.min_count, zone=req.availability_zone,
+                launches, itype, min_count=req.min_count, zone=zone,
                 reconcile_first=bool(claim and claim.takeover),
             )
         except Exception as exc:
+            await self.net.release(target.subnet, launch_ids, addresses)
             outcome = ("insufficient_capacity" if isinstance(exc, InsufficientInstanceCapacity)
                        else "failed")
             self.metrics.launches.labels(outcome).inc(req.min_count)
             if claim is not None:
                 await self.tokens.release(claim)
             raise
+        held = {(r.launch_id, r.private_ip) for r in records}
+        unused = [(lid, ip) for lid, ip in zip(launch_ids, addresses, strict=True)
+                  if (lid, ip) not in held]
+        await self.net.release(target.subnet, [u[0] for u in unused], [u[1] for u in unused])
         self.metrics.launch_seconds.observe(asyncio.get_running_loop().time() - started)
         self.metrics.launches.labels("launched").inc(len(records))
         records.sort(key=lambda r: r.ami_launch_index)
@@ -269,6 +312,8 @@ class Ec2Service:
             await self.types.resolve(req.instance_type)
         if req.dry_run:
             raise DryRunOperation(DRY_RUN)
+        if req.group_ids:
+            await self.net.set_groups(rec, req.group_ids)
         if not (req.options or req.instance_type is not None or req.user_data is not None):
             return
         cmd = InstanceCommand(op="modify", instance_id=rec.instance_id,
@@ -282,11 +327,26 @@ class Ec2Service:
 
     async def change_tags(self, ids: tuple[str, ...], tags: dict[str, str | None], *,
                           delete: bool, dry_run: bool) -> None:
-        records = await self.index.require(ids)
+        instance_ids = [i for i in ids if i.startswith("i-")]
+        others = [i for i in ids if not i.startswith("i-")]
+        records = await self.index.require(instance_ids)
+        self.net.require_taggable(others)
         if dry_run:
             raise DryRunOperation(DRY_RUN)
         for rec in records:
             await self.index.set_tags(rec, tags, delete=delete)
+        for rid in others:
+            await self.net.change_tags(rid, tags, delete=delete)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a launch goes: its subnet, what its instances record of the network, and
+    the zone placement keeps to ("" for any)."""
+
+    subnet: Subnet
+    network: InstanceNetwork
+    zone: str
 
 
 @dataclass(frozen=True, slots=True)

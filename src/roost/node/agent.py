@@ -377,7 +377,7 @@ class NodeAgent:
             availability_zone=self.config.availability_zone, tags=dict(req.tags),
             client_token=req.client_token, owner_id=req.owner_id,
             ami_launch_index=req.ami_launch_index, gpus=list(alloc.gpus),
-            updated_at=now, options=req.options,
+            updated_at=now, options=req.options, private_ip=req.private_ip, network=req.network,
         )
         self._records[instance_id] = rec
         self.state.put(rec, user_data=req.user_data)

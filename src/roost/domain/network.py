@@ -1,0 +1,168 @@
+"""EC2's network identity as roost records it: VPCs, subnets, security groups, key pairs.
+
+Pure data and rules (CIDR checks, the derived defaults, address choice); the buckets
+that hold them are the gateway's (`roost.gateway.network`). roost records these and
+reports them back as EC2 would; it does not route packets or filter them (see
+docs/gateway.md for what is enforced where).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Collection
+from typing import Literal
+
+import msgspec
+
+DEFAULT_VPC_CIDR = "172.31.0.0/16"
+RESERVED_LOW = 4
+"""EC2 keeps the network address and the next three of every subnet (router, DNS,
+future use), and the broadcast address at the top."""
+Kind = Literal["vpc", "subnet", "security-group"]
+
+
+def derived_id(prefix: str, *parts: str) -> str:
+    """A stable 17-hex id from ``parts``: every gateway derives the same default ids."""
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return f"{prefix}-{digest[:17]}"
+
+
+class Rule(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One permission of a security group, flattened to one source each, as EC2's
+    SecurityGroupRules are."""
+
+    protocol: str  # "-1", "tcp", "udp", "icmp" or a number
+    from_port: int | None = None
+    to_port: int | None = None
+    cidr: str = ""
+    cidr_v6: str = ""
+    group_id: str = ""
+    description: str = ""
+
+    def key(self) -> tuple[object, ...]:
+        """What makes two rules the same (the description does not)."""
+        return (self.protocol, self.from_port, self.to_port, self.cidr, self.cidr_v6,
+                self.group_id)
+
+
+class Vpc(msgspec.Struct, frozen=True, tag="vpc"):
+    vpc_id: str
+    cidr: str
+    owner_id: str
+    is_default: bool = False
+    tags: dict[str, str] = {}
+    tenancy: str = "default"
+
+
+class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
+    subnet_id: str
+    vpc_id: str
+    cidr: str
+    availability_zone: str
+    owner_id: str
+    default_for_az: bool = False
+    tags: dict[str, str] = {}
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.cidr)
+
+    @property
+    def capacity(self) -> int:
+        """Usable addresses: all but the four lowest and the broadcast address."""
+        return self.network.num_addresses - RESERVED_LOW - 1
+
+
+class SecurityGroup(msgspec.Struct, frozen=True, tag="security-group"):
+    group_id: str
+    group_name: str
+    description: str
+    vpc_id: str
+    owner_id: str
+    ingress: tuple[Rule, ...] = ()
+    egress: tuple[Rule, ...] = ()
+    tags: dict[str, str] = {}
+    is_default: bool = False
+
+
+NetworkRecord = Vpc | Subnet | SecurityGroup
+
+
+class KeyPair(msgspec.Struct, frozen=True):
+    key_name: str
+    key_pair_id: str
+    fingerprint: str
+    public_key: str
+    key_type: str = "rsa"
+    created: str = ""
+    tags: dict[str, str] = {}
+
+
+ALLOW_ALL_EGRESS = Rule("-1", cidr="0.0.0.0/0")
+
+
+def default_vpc(region: str, owner_id: str) -> Vpc:
+    return Vpc(derived_id("vpc", region), DEFAULT_VPC_CIDR, owner_id, is_default=True)
+
+
+def default_group(vpc: Vpc) -> SecurityGroup:
+    """A VPC's ``default`` group: instances in it may reach each other, anything may
+    leave (EC2's initial rules)."""
+    gid = derived_id("sg", vpc.vpc_id, "default")
+    return SecurityGroup(gid, "default", "default VPC security group", vpc.vpc_id,
+                         vpc.owner_id, ingress=(Rule("-1", group_id=gid),),
+                         egress=(ALLOW_ALL_EGRESS,), is_default=True)
+
+
+def zone_slot(region: str, zone: str) -> int:
+    """Which /20 of the default VPC a zone's default subnet takes: its letter when the
+    zone is ``<region><letter>`` (as EC2 names them), else a stable hash."""
+    suffix = zone[len(region):] if zone.startswith(region) else ""
+    if len(suffix) == 1 and "a" <= suffix <= "p":
+        return ord(suffix) - ord("a")
+    return int(hashlib.sha256(zone.encode()).hexdigest(), 16) % 16
+
+
+def default_subnet(vpc: Vpc, region: str, zone: str) -> Subnet:
+    base = ipaddress.IPv4Network(vpc.cidr).network_address + zone_slot(region, zone) * 4096
+    return Subnet(derived_id("subnet", vpc.vpc_id, zone), vpc.vpc_id, f"{base}/20", zone,
+                  vpc.owner_id, default_for_az=True)
+
+
+def check_block(cidr: str, *, low: int = 16, high: int = 28) -> ipaddress.IPv4Network | None:
+    """``cidr`` as a network if it is a valid IPv4 block with a /``low``../``high``
+    prefix (EC2's limits for VPCs and subnets), else None. Host bits must be zero."""
+    try:
+        net = ipaddress.IPv4Network(cidr, strict=True)
+    except ValueError:
+        return None
+    return net if low <= net.prefixlen <= high else None
+
+
+def first_free(subnet: Subnet, used: Collection[int]) -> str | None:
+    """The lowest usable address of ``subnet`` not in ``used`` (addresses as ints)."""
+    net = subnet.network
+    start = int(net.network_address) + RESERVED_LOW
+    end = int(net.broadcast_address)
+    for n in range(start, end):
+        if n not in used:
+            return str(ipaddress.IPv4Address(n))
+    return None
+
+
+def usable(subnet: Subnet, ip: str) -> bool:
+    """Whether ``ip`` is an address an instance in ``subnet`` may have."""
+    try:
+        addr = ipaddress.IPv4Address(ip)
+    except ValueError:
+        return False
+    net = subnet.network
+    return (addr in net and int(addr) - int(net.network_address) >= RESERVED_LOW
+            and addr != net.broadcast_address)
+
+
+def private_dns_name(ip: str) -> str:
+    """EC2's form (``ip-10-0-0-5.<domain>``) under roost's domain, as the node's
+    metadata service also names the instance (``local-hostname``)."""
+    return f"ip-{ip.replace('.', '-')}.roost.internal" if ip else ""

@@ -1,0 +1,346 @@
+"""Typed requests for the network side: VPCs, subnets, security groups, key pairs, and
+what RunInstances says about an instance's network and root volume.
+
+As in `requests`, everything EC2 checks without looking at state is checked here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
+
+from roost.domain.errors import (
+    InvalidBlockDeviceMapping,
+    InvalidGroupIdMalformed,
+    InvalidParameterCombination,
+    InvalidParameterValue,
+    InvalidPermissionMalformed,
+    InvalidSubnetIDMalformed,
+    InvalidVpcIDMalformed,
+    MissingParameter,
+)
+from roost.domain.network import Rule
+from roost.gateway.query import Params
+
+ROOT_DEVICE = "/dev/xvda"
+IMAGE_ROOT_GIB = 8
+"""The size of every roost image's root snapshot: EC2's default root volume size."""
+VOLUME_TYPES = ("standard", "io1", "io2", "gp2", "gp3", "sc1", "st1")
+_SIZE_LIMITS = {"standard": (1, 1024), "io1": (4, 16384), "io2": (4, 65536),
+                "gp2": (1, 16384), "gp3": (1, 16384), "sc1": (125, 16384),
+                "st1": (125, 16384)}
+_ID = {"vpc": re.compile(r"vpc-[0-9a-f]{8,17}"), "subnet": re.compile(r"subnet-[0-9a-f]{8,17}"),
+       "sg": re.compile(r"sg-[0-9a-f]{8,17}")}
+PROTOCOLS = {"-1": "-1", "all": "-1", "tcp": "tcp", "6": "tcp", "udp": "udp", "17": "udp",
+             "icmp": "icmp", "1": "icmp", "icmpv6": "icmpv6", "58": "icmpv6"}
+
+
+@dataclass(frozen=True, slots=True)
+class RootVolume:
+    size: int | None = None  # None: the image's size
+    volume_type: str | None = None  # None: gp2
+    iops: int | None = None
+    throughput: int | None = None
+    encrypted: bool = False
+    delete_on_termination: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchNetwork:
+    """What RunInstances asks of the network: all optional, EC2 fills the defaults."""
+
+    subnet_id: str = ""
+    private_ip: str = ""
+    group_ids: tuple[str, ...] = ()
+    group_names: tuple[str, ...] = ()
+    key_name: str = ""
+    root: RootVolume = field(default_factory=RootVolume)
+    tenancy: str = "default"
+    monitoring: bool = False
+    ebs_optimized: bool = False
+
+
+def check_id(kind: str, value: str) -> str:
+    if not _ID[kind].fullmatch(value):
+        error = {"vpc": InvalidVpcIDMalformed, "subnet": InvalidSubnetIDMalformed,
+                 "sg": InvalidGroupIdMalformed}[kind]
+        raise error(f"Invalid id: \"{value}\" (expecting \"{kind}-...\")")
+    return value
+
+
+def _root_volume(p: Params) -> RootVolume:
+    """BlockDeviceMapping.N: roost gives each instance its root volume only, so a
+    mapping may name the root device (to size it) and nothing else."""
+    root = RootVolume()
+    for m in p.members("BlockDeviceMapping"):
+        device = m.get("DeviceName")
+        if not device:
+            raise MissingParameter("The request must contain the parameter "
+                                   "BlockDeviceMapping.DeviceName")
+        if m.has("NoDevice") or m.get("VirtualName"):
+            continue  # suppresses or names an instance-store device: nothing to record
+        if device != ROOT_DEVICE:
+            raise InvalidBlockDeviceMapping(
+                f"roost provides only the root volume ({ROOT_DEVICE}); "
+                f"cannot map {device[:80]}.")
+        vtype = m.get("Ebs.VolumeType")
+        if vtype is not None and vtype not in VOLUME_TYPES:
+            raise InvalidParameterValue(
+                f"Value ({vtype[:80]}) for parameter volumeType is invalid. "
+                f"Valid values: {', '.join(VOLUME_TYPES)}.")
+        size = m.integer("Ebs.VolumeSize")
+        if size is not None:
+            low, high = _SIZE_LIMITS[vtype or "gp2"]
+            if size < IMAGE_ROOT_GIB:
+                raise InvalidBlockDeviceMapping(
+                    f"Volume of size {size}GB is smaller than snapshot, expect size >= "
+                    f"{IMAGE_ROOT_GIB}GB")
+            if not low <= size <= high:
+                raise InvalidParameterValue(
+                    f"Volume of {size}GiB is out of range for {vtype or 'gp2'} "
+                    f"({low}-{high} GiB).")
+        iops = m.integer("Ebs.Iops")
+        if iops is not None and (vtype or "gp2") not in ("io1", "io2", "gp3"):
+            raise InvalidParameterCombination(
+                f"The parameter iops is not supported for {vtype or 'gp2'} volumes.")
+        throughput = m.integer("Ebs.Throughput")
+        if throughput is not None and vtype != "gp3":
+            raise InvalidParameterCombination(
+                "The parameter throughput is supported only for gp3 volumes.")
+        root = RootVolume(size, vtype, iops, throughput, m.flag("Ebs.Encrypted"),
+                          m.flag("Ebs.DeleteOnTermination", default=True))
+    return root
+
+
+def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
+    subnet = p.get("SubnetId") or ""
+    private_ip = p.get("PrivateIpAddress") or ""
+    group_ids = list(p.values("SecurityGroupId"))
+    # The first network interface may carry the same (Terraform sends it this way when
+    # it sets associate_public_ip_address).
+    for nic in p.members("NetworkInterface"):
+        if (nic.get("DeviceIndex") or "0") != "0":
+            raise InvalidParameterValue("roost instances have one network interface.")
+        subnet = nic.get("SubnetId") or subnet
+        private_ip = nic.get("PrivateIpAddress") or private_ip
+        group_ids += nic.values("SecurityGroupId")
+    if subnet:
+        check_id("subnet", subnet)
+    for gid in group_ids:
+        check_id("sg", gid)
+    if private_ip and max_count > 1:
+        raise InvalidParameterCombination(
+            "Cannot specify a private IP address when launching more than one instance.")
+    tenancy = p.get("Placement.Tenancy") or "default"
+    if tenancy not in ("default", "dedicated", "host"):
+        raise InvalidParameterValue(f"Value ({tenancy[:80]}) for parameter tenancy is invalid.")
+    if tenancy != "default":
+        raise InvalidParameterValue(f"roost cannot launch instances with {tenancy} tenancy.")
+    return LaunchNetwork(
+        subnet_id=subnet, private_ip=private_ip,
+        group_ids=tuple(dict.fromkeys(group_ids)),
+        group_names=tuple(dict.fromkeys(p.values("SecurityGroup"))),
+        key_name=p.get("KeyName") or "", root=_root_volume(p), tenancy=tenancy,
+        monitoring=p.flag("Monitoring.Enabled"), ebs_optimized=p.flag("EbsOptimized"),
+    )
+
+
+# -- VPCs and subnets ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateVpcRequest:
+    cidr: str
+    tags: tuple[tuple[str, str], ...] = ()
+    tenancy: str = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSubnetRequest:
+    vpc_id: str
+    cidr: str
+    availability_zone: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreateGroupRequest:
+    name: str
+    description: str
+    vpc_id: str = ""
+    tags: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRef:
+    """A group by id, or by name (in the default VPC, as EC2 takes it)."""
+
+    group_id: str = ""
+    group_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionsRequest:
+    group: GroupRef
+    rules: tuple[Rule, ...]
+    egress: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPairRequest:
+    name: str
+    key_type: str = "rsa"
+    public_key: str = ""  # ImportKeyPair: the decoded key material
+    tags: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NamedDescribe:
+    ids: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    filters: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)
+
+
+def resource_tags(p: Params, resource_type: str) -> tuple[tuple[str, str], ...]:
+    """TagSpecification.N entries for ``resource_type`` (others are refused as EC2 does)."""
+    out: dict[str, str] = {}
+    for spec in p.members("TagSpecification"):
+        kind = spec.get("ResourceType") or resource_type
+        if kind != resource_type:
+            raise InvalidParameterValue(
+                f"'{kind[:80]}' is not a valid taggable resource type for this operation.")
+        for t in spec.members("Tag"):
+            out[t.require("Key")] = t.get("Value") or ""
+    return tuple(out.items())
+
+
+def parse_create_vpc(p: Params) -> CreateVpcRequest:
+    tenancy = p.get("InstanceTenancy") or "default"
+    if tenancy not in ("default", "dedicated", "host"):
+        raise InvalidParameterValue(f"Value ({tenancy[:80]}) for parameter "
+                                    "instanceTenancy is invalid.")
+    return CreateVpcRequest(p.require("CidrBlock"), resource_tags(p, "vpc"), tenancy)
+
+
+def parse_create_subnet(p: Params) -> CreateSubnetRequest:
+    vpc = check_id("vpc", p.require("VpcId"))
+    return CreateSubnetRequest(vpc, p.require("CidrBlock"), p.get("AvailabilityZone") or "",
+                               resource_tags(p, "subnet"))
+
+
+def parse_id(p: Params, name: str, kind: str) -> str:
+    return check_id(kind, p.require(name))
+
+
+def parse_create_group(p: Params) -> CreateGroupRequest:
+    name = p.require("GroupName")
+    description = p.require("GroupDescription")
+    if len(name) > 255 or len(description) > 255:
+        raise InvalidParameterValue("Group names and descriptions are at most 255 characters.")
+    if name.startswith("sg-"):
+        raise InvalidParameterValue("Group names may not be in the format sg-*.")
+    vpc = p.get("VpcId") or ""
+    if vpc:
+        check_id("vpc", vpc)
+    return CreateGroupRequest(name, description, vpc, resource_tags(p, "security-group"))
+
+
+def parse_group_ref(p: Params) -> GroupRef:
+    gid, name = p.get("GroupId") or "", p.get("GroupName") or ""
+    if not gid and not name:
+        raise MissingParameter("The request must contain the parameter groupName or groupId")
+    return GroupRef(check_id("sg", gid) if gid else "", name)
+
+
+def _port(m: Params, name: str, protocol: str) -> int | None:
+    value = m.integer(name)
+    if protocol == "-1":
+        return None
+    if value is None:
+        if protocol in ("tcp", "udp"):
+            raise InvalidPermissionMalformed(f"The parameter {name} must be given for "
+                                             f"{protocol}.")
+        return -1
+    if protocol in ("tcp", "udp") and not 0 <= value <= 65535:
+        raise InvalidParameterValue(f"Invalid {name}: {value}; ports are 0 to 65535.")
+    return value
+
+
+def parse_permissions(p: Params, *, egress: bool) -> PermissionsRequest:
+    group = parse_group_ref(p)
+    rules: list[Rule] = []
+    perms = p.members("IpPermissions")
+    if not perms and p.get("IpProtocol"):  # the old flat form: one rule
+        perms = [p]
+    if not perms:
+        raise MissingParameter("The request must contain the parameter ipPermissions")
+    for m in perms:
+        raw = m.require("IpProtocol").lower()
+        protocol = PROTOCOLS.get(raw)
+        if protocol is None:
+            if not raw.isdigit() or not 0 <= int(raw) <= 255:
+                raise InvalidPermissionMalformed(f"Invalid IP protocol: {raw[:80]}")
+            protocol = raw
+        low, high = _port(m, "FromPort", protocol), _port(m, "ToPort", protocol)
+        if low is not None and high is not None and protocol in ("tcp", "udp") and low > high:
+            raise InvalidParameterValue(f"Invalid port range {low}-{high}.")
+        sources: list[Rule] = []
+        for r in m.members("IpRanges"):
+            sources.append(Rule(protocol, low, high, cidr=_cidr(r.require("CidrIp")),
+                                description=r.get("Description") or ""))
+        for r in m.members("Ipv6Ranges"):
+            sources.append(Rule(protocol, low, high, cidr_v6=r.require("CidrIpv6"),
+                                description=r.get("Description") or ""))
+        for r in m.members("Groups"):
+            gid = r.get("GroupId") or ""
+            if not gid:
+                raise MissingParameter("The request must contain the parameter groupId")
+            sources.append(Rule(protocol, low, high, group_id=check_id("sg", gid),
+                                description=r.get("Description") or ""))
+        if not sources and p.get("CidrIp"):
+            sources.append(Rule(protocol, low, high, cidr=_cidr(p.require("CidrIp"))))
+        if not sources:
+            raise MissingParameter("A rule must name a source: IpRanges, Ipv6Ranges or "
+                                   "Groups.")
+        rules.extend(sources)
+    return PermissionsRequest(group, tuple(rules), egress)
+
+
+def _cidr(value: str) -> str:
+    try:
+        return str(IPv4Network(value, strict=False))
+    except ValueError:
+        raise InvalidParameterValue(f"CIDR block {value[:80]} is malformed") from None
+
+
+def parse_create_key_pair(p: Params) -> KeyPairRequest:
+    name = p.require("KeyName")
+    if len(name) > 255:
+        raise InvalidParameterValue("Key names are at most 255 characters.")
+    key_type = p.get("KeyType") or "rsa"
+    if key_type not in ("rsa", "ed25519"):
+        raise InvalidParameterValue(f"Value ({key_type[:80]}) for parameter keyType is "
+                                    "invalid. Valid values: rsa, ed25519.")
+    key_format = p.get("KeyFormat") or "pem"
+    if key_format not in ("pem", "ppk"):
+        raise InvalidParameterValue(f"Value ({key_format[:80]}) for parameter keyFormat is "
+                                    "invalid. Valid values: pem, ppk.")
+    return KeyPairRequest(name, key_type, tags=resource_tags(p, "key-pair"))
+
+
+def parse_import_key_pair(p: Params) -> KeyPairRequest:
+    name = p.require("KeyName")
+    raw = p.require("PublicKeyMaterial")
+    try:
+        material = base64.b64decode(raw, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        material = raw  # some clients send the key as text rather than base64
+    return KeyPairRequest(name, public_key=material.strip(),
+                          tags=resource_tags(p, "key-pair"))
+
+
+def parse_key_names(p: Params) -> NamedDescribe:
+    return NamedDescribe(ids=tuple(p.values("KeyPairId")), names=tuple(p.values("KeyName")))

@@ -1,0 +1,446 @@
+"""The gateway's mirror of the network buckets, and the writes that change them.
+
+`roost_network` holds VPCs, subnets and security groups (id -> record) and the names
+that must be unique (``sgname.<vpc>.<name>`` -> group id); `roost_addresses` holds one
+key per private address in use (``<subnet>.<a_b_c_d>`` -> who took it); `roost_key_pairs`
+holds key pairs by name. Gateways are the only writers, with compare-and-set wherever
+two of them could race; docs/architecture.md has the design (release, crash, restart).
+
+The region's default VPC, its default group and the default subnet of each zone are
+derived (`roost.domain.network`), not stored, so no gateway has to create them first. A
+stored record under a default's id (a default group with rules added) replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from roost.bus.schemas import InstanceRecord
+from roost.domain.errors import (
+    InsufficientFreeAddressesInSubnet,
+    InvalidIPAddressInUse,
+    InvalidParameterValue,
+    ServiceUnavailable,
+)
+from roost.domain.network import (
+    KeyPair,
+    NetworkRecord,
+    SecurityGroup,
+    Subnet,
+    Vpc,
+    default_group,
+    default_subnet,
+    default_vpc,
+    first_free,
+    usable,
+)
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", Vpc, Subnet, SecurityGroup)
+ORPHAN_AFTER = 600.0
+"""Seconds after which an address no instance names is taken back (a gateway died
+between allocating it and launching); longer than any launch may take."""
+SWEEP_EVERY = 60.0
+_RETRIES = 20
+_ADDRESS_RETRIES = 64
+"""Each lost race moves on to another address, so only a crowd of gateways allocating
+in one subnet at once needs many."""
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
+_RECORD = msgspec.json.Decoder(NetworkRecord)
+
+
+class AddressClaim(msgspec.Struct, frozen=True):
+    launch_id: str
+    at: float  # wall clock, seconds
+
+
+def name_key(vpc_id: str, name: str) -> str:
+    """A KV key for a group name: any text, so base32 (letters, digits, ``=``)."""
+    return f"sgname.{vpc_id}.{base64.b32encode(name.encode()).decode()}"
+
+
+def key_pair_key(name: str) -> str:
+    return base64.b32encode(name.encode()).decode() or "="
+
+
+def address_key(subnet_id: str, ip: str) -> str:
+    return f"{subnet_id}.{ip.replace('.', '_')}"
+
+
+def _unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
+    return ServiceUnavailable(f"The {what} store is unreachable: {exc!r}")
+
+
+class NetworkStore:
+    def __init__(self, network: KeyValue, addresses: KeyValue, key_pairs: KeyValue, *,
+                 region: str, owner_id: str, zones: Callable[[], list[str]]) -> None:
+        self._kvs = {"network": network, "addresses": addresses, "key_pairs": key_pairs}
+        self.region = region
+        self.owner_id = owner_id
+        self._zones = zones
+        self.default_vpc = default_vpc(region, owner_id)
+        self._records: dict[str, tuple[int, NetworkRecord]] = {}
+        self._names: dict[str, str] = {}  # name key -> group id
+        self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
+        self._pending: dict[str, set[int]] = {}
+        self.instance_groups: dict[str, list[str]] = {}
+        """``igroups.<instance id>`` -> the groups ModifyInstanceAttribute set."""
+        self._key_pairs: dict[str, KeyPair] = {}
+        self._synced = {k: asyncio.Event() for k in self._kvs}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._chores: set[asyncio.Task[None]] = set()
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _stored(self, kind: type[R]) -> list[R]:
+        return [r for _, r in self._records.values() if isinstance(r, kind)]
+
+    def vpcs(self) -> list[Vpc]:
+        stored = {v.vpc_id: v for v in self._stored(Vpc)}
+        return [stored.pop(self.default_vpc.vpc_id, self.default_vpc), *stored.values()]
+
+    def subnets(self) -> list[Subnet]:
+        stored = {s.subnet_id: s for s in self._stored(Subnet)}
+        defaults = [default_subnet(self.default_vpc, self.region, z) for z in self._zones()]
+        out = [stored.pop(d.subnet_id, d) for d in defaults]
+        return out + list(stored.values())
+
+    def groups(self) -> list[SecurityGroup]:
+        stored = {g.group_id: g for g in self._stored(SecurityGroup)}
+        base = default_group(self.default_vpc)
+        return [stored.pop(base.group_id, base), *stored.values()]
+
+    def vpc(self, vpc_id: str) -> Vpc | None:
+        return next((v for v in self.vpcs() if v.vpc_id == vpc_id), None)
+
+    def subnet(self, subnet_id: str) -> Subnet | None:
+        return next((s for s in self.subnets() if s.subnet_id == subnet_id), None)
+
+    def group(self, group_id: str) -> SecurityGroup | None:
+        return next((g for g in self.groups() if g.group_id == group_id), None)
+
+    def group_named(self, vpc_id: str, name: str) -> SecurityGroup | None:
+        return next((g for g in self.groups()
+                     if g.vpc_id == vpc_id and g.group_name == name), None)
+
+    def default_subnet_for(self, zone: str) -> Subnet:
+        return default_subnet(self.default_vpc, self.region, zone)
+
+    def key_pairs(self) -> list[KeyPair]:
+        return list(self._key_pairs.values())
+
+    def key_pair(self, name: str) -> KeyPair | None:
+        return self._key_pairs.get(name)
+
+    def addresses_in_use(self, subnet_id: str) -> int:
+        return len(self._addresses.get(subnet_id, {}))
+
+    @property
+    def synced(self) -> bool:
+        return all(e.is_set() for e in self._synced.values())
+
+    # -- network records -------------------------------------------------------------
+
+    @staticmethod
+    def record_id(rec: NetworkRecord) -> str:
+        if isinstance(rec, Vpc):
+            return rec.vpc_id
+        if isinstance(rec, Subnet):
+            return rec.subnet_id
+        return rec.group_id
+
+    async def create(self, rec: NetworkRecord) -> None:
+        """Write a record under a new id (a collision of random ids is a retry)."""
+        key = self.record_id(rec)
+        try:
+            rev = await self._kvs["network"].create(key, msgspec.json.encode(rec))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise ServiceUnavailable(f"The id {key} was taken meanwhile; retry.") from None
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("network", exc) from None
+        self._records[key] = (rev, rec)
+
+    async def change(self, key: str, base: R, edit: Callable[[R], R]) -> R:
+        """Apply ``edit`` to the record under ``key`` with CAS retries; ``base`` is what
+        a derived default looks like before anything was stored for it."""
+        kv = self._kvs["network"]
+        for _ in range(_RETRIES):
+            rev, current = self._records.get(key, (0, base))
+            if not isinstance(current, type(base)):
+                raise ServiceUnavailable(f"{key} holds an unexpected record; retry.")
+            updated = edit(current)
+            data = msgspec.json.encode(updated)
+            try:
+                if rev:
+                    rev = await kv.update(key, data, last=rev)
+                else:
+                    rev = await kv.create(key, data)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                await self._reload(key)
+                continue
+            except (TimeoutError, nats.errors.Error) as exc:
+                raise _unavailable("network", exc) from None
+            self._records[key] = (rev, updated)
+            return updated
+        raise ServiceUnavailable(f"{key} is changing too fast; retry.")
+
+    async def _reload(self, key: str) -> None:
+        try:
+            entry = await self._kvs["network"].get(key)
+        except nats.js.errors.KeyNotFoundError:
+            self._records.pop(key, None)
+            return
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("network", exc) from None
+        try:
+            self._records[key] = (entry.revision or 0, _RECORD.decode(entry.value or b""))
+        except _DECODE_ERRORS:
+            self._records.pop(key, None)
+
+    async def remove(self, key: str) -> None:
+        try:
+            await self._kvs["network"].delete(key)
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("network", exc) from None
+        self._records.pop(key, None)
+
+    async def claim_name(self, vpc_id: str, name: str, group_id: str) -> bool:
+        """Reserve ``name`` in ``vpc_id`` for ``group_id``; False if it is taken."""
+        key = name_key(vpc_id, name)
+        try:
+            await self._kvs["network"].create(key, group_id.encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("network", exc) from None
+        self._names[key] = group_id
+        return True
+
+    async def release_name(self, vpc_id: str, name: str) -> None:
+        key = name_key(vpc_id, name)
+        try:
+            await self._kvs["network"].delete(key)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("could not release group name %s: %r", key, exc)
+        self._names.pop(key, None)
+
+    async def set_instance_groups(self, instance_id: str, group_ids: list[str]) -> None:
+        """ModifyInstanceAttribute GroupId.N replaces the set: the last write wins, as
+        two such calls on EC2 would."""
+        try:
+            await self._kvs["network"].put(f"igroups.{instance_id}",
+                                           msgspec.json.encode(group_ids))
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("network", exc) from None
+        self.instance_groups[instance_id] = list(group_ids)
+
+    # -- key pairs -------------------------------------------------------------------
+
+    async def create_key_pair(self, pair: KeyPair) -> bool:
+        """False when the name is taken."""
+        try:
+            await self._kvs["key_pairs"].create(key_pair_key(pair.key_name),
+                                                msgspec.json.encode(pair))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("key pair", exc) from None
+        self._key_pairs[pair.key_name] = pair
+        return True
+
+    async def delete_key_pair(self, name: str) -> None:
+        try:
+            await self._kvs["key_pairs"].delete(key_pair_key(name))
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise _unavailable("key pair", exc) from None
+        self._key_pairs.pop(name, None)
+
+    # -- addresses -------------------------------------------------------------------
+
+    async def allocate(self, subnet: Subnet, launch_id: str, wanted: str = "") -> str:
+        """Claim an address of ``subnet`` for ``launch_id``: ``wanted`` or the lowest
+        free one. A lost race for the lowest moves on to the next."""
+        if wanted and not usable(subnet, wanted):
+            raise InvalidParameterValue(
+                f"Address {wanted} is not in the usable range of {subnet.subnet_id} "
+                f"({subnet.cidr}).")
+        taken = self._addresses.setdefault(subnet.subnet_id, {})
+        # Addresses this gateway is claiming right now: its own concurrent launches go
+        # to different ones rather than race each other through the bucket.
+        pending = self._pending.setdefault(subnet.subnet_id, set())
+        tried: set[int] = set()
+        claim = msgspec.json.encode(AddressClaim(launch_id, time.time()))
+        for _ in range(_ADDRESS_RETRIES):
+            ip = wanted or first_free(subnet, taken.keys() | tried | pending)
+            if ip is None:
+                raise InsufficientFreeAddressesInSubnet(
+                    f"There are not enough free addresses in subnet '{subnet.subnet_id}' "
+                    "to satisfy the requested number of instances.")
+            n = int(ipaddress.IPv4Address(ip))
+            if wanted and (n in taken or n in pending):
+                raise InvalidIPAddressInUse(f"Address {ip} is in use.")
+            pending.add(n)
+            try:
+                rev = await self._kvs["addresses"].create(address_key(subnet.subnet_id, ip),
+                                                          claim)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                if wanted:
+                    raise InvalidIPAddressInUse(f"Address {ip} is in use.") from None
+                tried.add(n)
+                continue
+            except (TimeoutError, nats.errors.Error) as exc:
+                raise _unavailable("address", exc) from None
+            finally:
+                pending.discard(n)
+            taken[n] = (rev, AddressClaim(launch_id, time.time()))
+            return ip
+        raise ServiceUnavailable(f"Addresses in {subnet.subnet_id} are changing too fast.")
+
+    async def release(self, subnet_id: str, ip: str, launch_id: str) -> None:
+        """Give back ``ip`` if ``launch_id`` still holds it. The delete is conditional
+        on the revision, so a late release never frees an address someone else took."""
+        try:
+            n = int(ipaddress.IPv4Address(ip))
+        except ValueError:
+            return
+        held = self._addresses.get(subnet_id, {}).get(n)
+        if held is None or held[1].launch_id != launch_id:
+            return
+        try:
+            await self._kvs["addresses"].delete(address_key(subnet_id, ip), last=held[0])
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
+            return
+        self._addresses.get(subnet_id, {}).pop(n, None)
+
+    def instance_gone(self, rec: InstanceRecord) -> None:
+        """An instance terminated or expired: its address comes back (in the background,
+        every gateway may try; deletes are conditional and idempotent)."""
+        if rec.instance_id in self.instance_groups:
+            self._chore(self._forget_groups(rec.instance_id))
+        if not rec.private_ip or rec.network is None or not rec.network.subnet_id:
+            return
+        self._chore(self.release(rec.network.subnet_id, rec.private_ip, rec.launch_id))
+
+    async def _forget_groups(self, instance_id: str) -> None:
+        try:
+            await self._kvs["network"].delete(f"igroups.{instance_id}")
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("could not drop the groups of %s: %r", instance_id, exc)
+
+    async def sweep(self, records: Iterable[InstanceRecord], now: float) -> int:
+        """Take back addresses that no live instance holds and that are older than
+        `ORPHAN_AFTER` (a gateway died mid-launch), and those of terminated instances
+        whose release was missed. Returns how many were freed."""
+        live = {(r.network.subnet_id, r.private_ip): r.launch_id for r in records
+                if r.network is not None and r.private_ip and r.state != "terminated"}
+        freed = 0
+        for subnet_id, held in list(self._addresses.items()):
+            for n, (_, claim) in list(held.items()):
+                ip = str(ipaddress.IPv4Address(n))
+                if live.get((subnet_id, ip)) == claim.launch_id:
+                    continue
+                if now - claim.at < ORPHAN_AFTER:
+                    continue
+                await self.release(subnet_id, ip, claim.launch_id)
+                freed += 1
+        return freed
+
+    def _chore(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    # -- watching --------------------------------------------------------------------
+
+    def start(self, records: Callable[[], list[InstanceRecord]]) -> None:
+        self._tasks = [asyncio.create_task(self._watch(kv, what), name=f"watch-{what}")
+                       for what, kv in self._kvs.items()]
+        self._tasks.append(asyncio.create_task(self._sweeper(records), name="sweep-addresses"))
+
+    async def wait_synced(self, timeout: float) -> None:
+        await asyncio.wait_for(
+            asyncio.gather(*(e.wait() for e in self._synced.values())), timeout)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._chores, return_exceptions=True)
+
+    async def _sweeper(self, records: Callable[[], list[InstanceRecord]]) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY)
+            try:
+                await self.sweep(records(), time.time())
+            except Exception as exc:  # a sweep is best effort; the next one retries
+                log.warning("address sweep failed: %r", exc)
+
+    async def _watch(self, kv: KeyValue, what: str) -> None:
+        while True:
+            try:
+                watcher = await kv.watchall()
+                try:
+                    async for entry in watcher:
+                        if entry is None:
+                            self._synced[what].set()
+                            continue
+                        self._on_entry(what, entry)
+                finally:
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watch of %s bucket failed (%r); re-watching", what, exc)
+                await asyncio.sleep(1.0)
+
+    def _on_entry(self, what: str, entry: KeyValue.Entry) -> None:
+        removed = entry.operation in (KV_DEL, KV_PURGE)
+        key, rev, value = entry.key, entry.revision or 0, entry.value or b""
+        try:
+            if what == "addresses":
+                subnet_id, _, dotted = key.partition(".")
+                n = int(ipaddress.IPv4Address(dotted.replace("_", ".")))
+                held = self._addresses.setdefault(subnet_id, {})
+                if removed:
+                    held.pop(n, None)
+                else:
+                    held[n] = (rev, msgspec.json.decode(value, type=AddressClaim))
+            elif what == "key_pairs":
+                name = base64.b32decode(key.encode()).decode() if key != "=" else ""
+                if removed:
+                    self._key_pairs.pop(name, None)
+                else:
+                    self._key_pairs[name] = msgspec.json.decode(value, type=KeyPair)
+            elif key.startswith("igroups."):
+                iid = key.removeprefix("igroups.")
+                if removed:
+                    self.instance_groups.pop(iid, None)
+                else:
+                    self.instance_groups[iid] = msgspec.json.decode(value, type=list[str])
+            elif key.startswith("sgname."):
+                if removed:
+                    self._names.pop(key, None)
+                else:
+                    self._names[key] = value.decode()
+            elif removed:
+                self._records.pop(key, None)
+            else:
+                cur = self._records.get(key)
+                if cur is None or rev >= cur[0]:
+                    self._records[key] = (rev, _RECORD.decode(value))
+        except (*_DECODE_ERRORS, UnicodeError):
+            log.warning("undecodable %s entry %s", what, key)

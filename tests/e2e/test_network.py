@@ -1,0 +1,408 @@
+"""boto3 against a live cluster: VPCs, subnets, security groups, key pairs, addresses and
+root volumes, each action's success path and each error code it answers."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from roost.gateway.keys import new_key_pair
+from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
+from tests.e2e.test_boto3 import code, run, wait_state
+
+ED25519_PUB = new_key_pair("ed25519").public_key
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedCluster]:
+    c = make_cluster(tmp_path_factory.mktemp("net"), nodes=2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def ec2(cluster: ThreadedCluster) -> Any:
+    return cluster.client()
+
+
+def fails(expected: str, call: Any, *args: Any, **kw: Any) -> None:
+    with pytest.raises(ClientError) as exc:
+        call(*args, **kw)
+    assert code(exc) == expected, exc.value.response["Error"]
+
+
+def test_default_vpc_subnet_and_group(ec2: Any) -> None:
+    (vpc,) = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    assert vpc["CidrBlock"] == "172.31.0.0/16" and vpc["IsDefault"] and vpc["State"] == "available"
+    subnets = ec2.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    assert [(s["AvailabilityZone"], s["CidrBlock"]) for s in subnets] == [
+        ("roost-1a", "172.31.0.0/20")]
+    assert subnets[0]["VpcId"] == vpc["VpcId"] and subnets[0]["AvailableIpAddressCount"] > 4000
+    (group,) = ec2.describe_security_groups(
+        Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]},
+                 {"Name": "group-name", "Values": ["default"]}])["SecurityGroups"]
+    assert group["IpPermissionsEgress"][0]["IpRanges"] == [{"CidrIp": "0.0.0.0/0"}]
+    same = ec2.describe_security_groups(GroupNames=["default"])["SecurityGroups"]
+    assert same[0]["GroupId"] == group["GroupId"]
+    fails("InvalidVpcID.NotFound", ec2.describe_vpcs, VpcIds=["vpc-0123456789abcdef0"])
+    fails("InvalidSubnetID.NotFound", ec2.describe_subnets,
+          SubnetIds=["subnet-0123456789abcdef0"])
+    fails("InvalidGroup.NotFound", ec2.describe_security_groups,
+          GroupIds=["sg-0123456789abcdef0"])
+    fails("InvalidParameterValue", ec2.describe_vpcs, Filters=[{"Name": "nope", "Values": ["x"]}])
+    fails("OperationNotPermitted", ec2.delete_vpc, VpcId=vpc["VpcId"])
+    fails("CannotDelete", ec2.delete_security_group, GroupId=group["GroupId"])
+
+
+def test_instance_network_identity_and_root_volume(ec2: Any) -> None:
+    (inst,) = run(ec2)
+    iid = inst["InstanceId"]
+    subnet = ec2.describe_subnets(SubnetIds=[inst["SubnetId"]])["Subnets"][0]
+    assert ipaddress.ip_address(inst["PrivateIpAddress"]) in ipaddress.ip_network(
+        subnet["CidrBlock"])
+    assert inst["VpcId"] == subnet["VpcId"]
+    assert inst["PrivateDnsName"].startswith("ip-" + inst["PrivateIpAddress"].replace(".", "-"))
+    (nic,) = inst["NetworkInterfaces"]
+    assert nic["PrivateIpAddress"] == inst["PrivateIpAddress"] and nic["Attachment"][
+        "DeviceIndex"] == 0
+    assert [g["GroupName"] for g in inst["SecurityGroups"]] == ["default"]
+    assert "Tags" not in inst  # EC2 leaves tagSet out for an untagged instance
+    (bdm,) = inst["BlockDeviceMappings"]
+    assert bdm["DeviceName"] == inst["RootDeviceName"] == "/dev/xvda"
+    (vol,) = ec2.describe_volumes(VolumeIds=[bdm["Ebs"]["VolumeId"]])["Volumes"]
+    assert (vol["Size"], vol["VolumeType"], vol["Attachments"][0]["InstanceId"]) == (
+        8, "gp2", iid)
+    found = ec2.describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [iid]}])["Volumes"]
+    assert [v["VolumeId"] for v in found] == [vol["VolumeId"]]
+    for name, value in (("vpc-id", inst["VpcId"]), ("subnet-id", inst["SubnetId"]),
+                        ("private-dns-name", inst["PrivateDnsName"]),
+                        ("instance.group-name", "default"),
+                        ("network-interface.addresses.private-ip-address",
+                         inst["PrivateIpAddress"]),
+                        ("block-device-mapping.volume-id", vol["VolumeId"]),
+                        ("architecture", "x86_64"), ("root-device-type", "ebs"),
+                        ("tenancy", "default")):
+        got = ec2.describe_instances(Filters=[{"Name": name, "Values": [value]}])
+        ids = [i["InstanceId"] for r in got["Reservations"] for i in r["Instances"]]
+        assert iid in ids, name
+    ip = inst["PrivateIpAddress"]
+    fails("InvalidIPAddress.InUse", run, ec2, SubnetId=inst["SubnetId"], PrivateIpAddress=ip)
+    ec2.terminate_instances(InstanceIds=[iid])
+    wait_state(ec2, iid, "terminated")
+    fails("InvalidVolume.NotFound", ec2.describe_volumes, VolumeIds=[vol["VolumeId"]])
+    (again,) = _eventually_run(ec2, SubnetId=inst["SubnetId"], PrivateIpAddress=ip)
+    assert again["PrivateIpAddress"] == ip  # the address came back
+    ec2.terminate_instances(InstanceIds=[again["InstanceId"]])
+
+
+def _eventually_run(ec2: Any, **kw: Any) -> list[dict[str, Any]]:
+    import time
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return run(ec2, **kw)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "InvalidIPAddress.InUse" or \
+                    time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_addresses_are_distinct(ec2: Any) -> None:
+    insts = run(ec2, 6)
+    ips = [i["PrivateIpAddress"] for i in insts]
+    assert len(set(ips)) == 6
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in insts])
+
+
+def test_vpc_and_subnet_lifecycle(ec2: Any) -> None:
+    fails("InvalidVpc.Range", ec2.create_vpc, CidrBlock="10.0.0.0/8")
+    fails("InvalidVpc.Range", ec2.create_vpc, CidrBlock="10.0.0.1/16")
+    vpc = ec2.create_vpc(CidrBlock="10.7.0.0/16", TagSpecifications=[
+        {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "lab"}]}])["Vpc"]
+    vid = vpc["VpcId"]
+    assert vpc["CidrBlock"] == "10.7.0.0/16" and not vpc["IsDefault"]
+    found = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": ["lab"]}])["Vpcs"]
+    assert [v["VpcId"] for v in found] == [vid]
+    groups = ec2.describe_security_groups(
+        Filters=[{"Name": "vpc-id", "Values": [vid]}])["SecurityGroups"]
+    assert [g["GroupName"] for g in groups] == ["default"]
+    fails("InvalidSubnet.Range", ec2.create_subnet, VpcId=vid, CidrBlock="10.8.0.0/24")
+    fails("InvalidVpcID.NotFound", ec2.create_subnet, VpcId="vpc-0123456789abcdef0",
+          CidrBlock="10.7.0.0/24")
+    fails("InvalidVpcID.Malformed", ec2.create_subnet, VpcId="nope", CidrBlock="10.7.0.0/24")
+    fails("InvalidParameterValue", ec2.create_subnet, VpcId=vid, CidrBlock="10.7.0.0/24",
+          AvailabilityZone="roost-1z")
+    subnet = ec2.create_subnet(VpcId=vid, CidrBlock="10.7.1.0/24")["Subnet"]
+    sid = subnet["SubnetId"]
+    assert subnet["AvailabilityZone"] == "roost-1a" and subnet["AvailableIpAddressCount"] == 251
+    fails("InvalidSubnet.Conflict", ec2.create_subnet, VpcId=vid, CidrBlock="10.7.1.128/25")
+    listed = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vid]}])["Subnets"]
+    assert [s["SubnetId"] for s in listed] == [sid]
+
+    (inst,) = run(ec2, SubnetId=sid, PrivateIpAddress="10.7.1.10")
+    assert (inst["PrivateIpAddress"], inst["VpcId"], inst["SubnetId"]) == ("10.7.1.10", vid, sid)
+    (other,) = run(ec2, SubnetId=sid)
+    assert other["PrivateIpAddress"] == "10.7.1.4"  # the lowest after EC2's reserved four
+    fails("InvalidParameterValue", run, ec2, SubnetId=sid, PrivateIpAddress="10.7.1.2")
+    fails("InvalidParameterCombination", run, ec2, 2, SubnetId=sid, PrivateIpAddress="10.7.1.20")
+    fails("InvalidSubnetID.NotFound", run, ec2, SubnetId="subnet-0123456789abcdef0")
+    fails("InvalidSubnetID.Malformed", run, ec2, SubnetId="subnet-zz")
+    fails("InvalidParameterValue", run, ec2, SubnetId=sid,
+          Placement={"AvailabilityZone": "roost-1b"})
+    fails("DependencyViolation", ec2.delete_subnet, SubnetId=sid)
+    fails("DependencyViolation", ec2.delete_vpc, VpcId=vid)
+    ids = [inst["InstanceId"], other["InstanceId"]]
+    ec2.terminate_instances(InstanceIds=ids)
+    for iid in ids:
+        wait_state(ec2, iid, "terminated")
+    ec2.delete_subnet(SubnetId=sid)
+    fails("InvalidSubnetID.NotFound", ec2.delete_subnet, SubnetId=sid)
+    ec2.delete_vpc(VpcId=vid)
+    fails("InvalidVpcID.NotFound", ec2.delete_vpc, VpcId=vid)
+    fails("InvalidVpcID.NotFound", ec2.describe_vpcs, VpcIds=[vid])
+
+
+def test_security_groups(ec2: Any) -> None:
+    gid = ec2.create_security_group(GroupName="web", Description="web servers")["GroupId"]
+    fails("InvalidGroup.Duplicate", ec2.create_security_group, GroupName="web",
+          Description="again")
+    fails("InvalidGroup.Reserved", ec2.create_security_group, GroupName="default",
+          Description="no")
+    fails("InvalidVpcID.NotFound", ec2.create_security_group, GroupName="x", Description="x",
+          VpcId="vpc-0123456789abcdef0")
+    ssh = [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+            "IpRanges": [{"CidrIp": "0.0.0.0/0", "Description": "ssh"}]}]
+    out = ec2.authorize_security_group_ingress(GroupId=gid, IpPermissions=ssh)
+    assert out["Return"] and out["SecurityGroupRules"][0]["FromPort"] == 22
+    fails("InvalidPermission.Duplicate", ec2.authorize_security_group_ingress, GroupId=gid,
+          IpPermissions=ssh)
+    fails("InvalidGroup.NotFound", ec2.authorize_security_group_ingress,
+          GroupId="sg-0123456789abcdef0", IpPermissions=ssh)
+    fails("InvalidGroupId.Malformed", ec2.authorize_security_group_ingress, GroupId="sg-x",
+          IpPermissions=ssh)
+    fails("InvalidPermission.Malformed", ec2.authorize_security_group_ingress, GroupId=gid,
+          IpPermissions=[{"IpProtocol": "bogus", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    fails("InvalidParameterValue", ec2.authorize_security_group_ingress, GroupId=gid,
+          IpPermissions=[{"IpProtocol": "tcp", "FromPort": 1, "ToPort": 70000,
+                          "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    (g,) = ec2.describe_security_groups(
+        Filters=[{"Name": "ip-permission.from-port", "Values": ["22"]}])["SecurityGroups"]
+    assert g["GroupId"] == gid and g["IpPermissions"][0]["IpRanges"][0]["Description"] == "ssh"
+    ec2.revoke_security_group_egress(GroupId=gid, IpPermissions=[
+        {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    ec2.authorize_security_group_egress(GroupId=gid, IpPermissions=[
+        {"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
+         "IpRanges": [{"CidrIp": "10.0.0.0/8"}]}])
+    g = ec2.describe_security_groups(GroupIds=[gid])["SecurityGroups"][0]
+    assert [(p["IpProtocol"], p.get("FromPort")) for p in g["IpPermissionsEgress"]] == [
+        ("tcp", 443)]
+
+    (inst,) = run(ec2, SecurityGroupIds=[gid])
+    assert [s["GroupId"] for s in inst["SecurityGroups"]] == [gid]
+    (named,) = run(ec2, SecurityGroups=["web"])
+    assert [s["GroupName"] for s in named["SecurityGroups"]] == ["web"]
+    got = ec2.describe_instances(Filters=[{"Name": "instance.group-id", "Values": [gid]}])
+    assert {i["InstanceId"] for r in got["Reservations"] for i in r["Instances"]} == {
+        inst["InstanceId"], named["InstanceId"]}
+    fails("InvalidGroup.NotFound", run, ec2, SecurityGroupIds=["sg-0123456789abcdef0"])
+    fails("InvalidGroup.NotFound", run, ec2, SecurityGroups=["nope"])
+    fails("DependencyViolation", ec2.delete_security_group, GroupId=gid)
+    ids = [inst["InstanceId"], named["InstanceId"]]
+    ec2.terminate_instances(InstanceIds=ids)
+    for iid in ids:
+        wait_state(ec2, iid, "terminated")
+
+    ec2.revoke_security_group_ingress(GroupId=gid, IpPermissions=ssh)
+    fails("InvalidPermission.NotFound", ec2.revoke_security_group_ingress, GroupId=gid,
+          IpPermissions=ssh)
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    other = ec2.create_security_group(GroupName="web", Description="same name, other VPC",
+                                      VpcId=vpc)["GroupId"]
+    fails("InvalidParameter", run, ec2, SecurityGroupIds=[other])
+    ec2.delete_security_group(GroupId=other)
+    ec2.delete_vpc(VpcId=vpc)
+    ec2.delete_security_group(GroupName="web")
+    fails("InvalidGroup.NotFound", ec2.delete_security_group, GroupId=gid)
+
+
+def test_key_pairs(ec2: Any) -> None:
+    made = ec2.create_key_pair(KeyName="ops")
+    assert made["KeyMaterial"].startswith("-----BEGIN RSA PRIVATE KEY-----")
+    assert made["KeyFingerprint"].count(":") == 19 and made["KeyPairId"].startswith("key-")
+    ed = ec2.create_key_pair(KeyName="ops-ed", KeyType="ed25519")
+    assert "OPENSSH PRIVATE KEY" in ed["KeyMaterial"]
+    fails("InvalidKeyPair.Duplicate", ec2.create_key_pair, KeyName="ops")
+    fails("InvalidParameterValue", ec2.create_key_pair, KeyName="x", KeyType="dsa")
+    imported = ec2.import_key_pair(KeyName="mine", PublicKeyMaterial=ED25519_PUB.encode())
+    assert imported["KeyFingerprint"].endswith("=")
+    fails("InvalidKey.Format", ec2.import_key_pair, KeyName="bad", PublicKeyMaterial=b"nope")
+    fails("InvalidKeyPair.Duplicate", ec2.import_key_pair, KeyName="mine",
+          PublicKeyMaterial=ED25519_PUB.encode())
+    listed = ec2.describe_key_pairs(KeyNames=["mine"], IncludePublicKey=True)["KeyPairs"]
+    assert listed[0]["PublicKey"] == ED25519_PUB and listed[0]["KeyType"] == "ed25519"
+    names = {k["KeyName"] for k in ec2.describe_key_pairs()["KeyPairs"]}
+    assert {"ops", "ops-ed", "mine"} <= names
+    fails("InvalidKeyPair.NotFound", ec2.describe_key_pairs, KeyNames=["nope"])
+    (inst,) = run(ec2, KeyName="ops")
+    assert inst["KeyName"] == "ops"
+    got = ec2.describe_instances(Filters=[{"Name": "key-name", "Values": ["ops"]}])
+    assert [i["InstanceId"] for r in got["Reservations"] for i in r["Instances"]] == [
+        inst["InstanceId"]]
+    fails("InvalidKeyPair.NotFound", run, ec2, KeyName="nope")
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    for name in ("ops", "ops-ed", "mine"):
+        ec2.delete_key_pair(KeyName=name)
+    ec2.delete_key_pair(KeyName="ops")  # deleting what is gone succeeds, as on EC2
+    fails("InvalidKeyPair.NotFound", ec2.describe_key_pairs, KeyNames=["ops"])
+
+
+def test_block_device_mappings(ec2: Any) -> None:
+    root = [{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 20, "VolumeType": "gp3",
+                                                "DeleteOnTermination": True}}]
+    (inst,) = run(ec2, BlockDeviceMappings=root)
+    vol = ec2.describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}])["Volumes"]
+    assert (vol[0]["Size"], vol[0]["VolumeType"], vol[0]["Iops"]) == (20, "gp3", 3000)
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    fails("InvalidBlockDeviceMapping", run, ec2,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 4}}])
+    fails("InvalidParameterValue", run, ec2,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeType": "fast"}}])
+    fails("InvalidBlockDeviceMapping", run, ec2,
+          BlockDeviceMappings=[{"DeviceName": "/dev/sdb", "Ebs": {"VolumeSize": 10}}])
+    fails("InvalidParameterCombination", run, ec2,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"Iops": 500}}])
+
+
+def test_dry_run_first_and_tag_limit(ec2: Any) -> None:
+    fails("DryRunOperation", ec2.run_instances, ImageId="ami-nope", MinCount=1, MaxCount=1,
+          DryRun=True)
+    fails("DryRunOperation", ec2.create_vpc, CidrBlock="10.0.0.0/8", DryRun=True)
+    tags = [{"ResourceType": "instance",
+             "Tags": [{"Key": f"k{i}", "Value": "v"} for i in range(51)]}]
+    fails("TagLimitExceeded", ec2.run_instances, ImageId=IMAGE, MinCount=1, MaxCount=1,
+          TagSpecifications=tags)
+
+
+def test_type_offerings_and_account_attributes(ec2: Any) -> None:
+    region = ec2.describe_instance_type_offerings()["InstanceTypeOfferings"]
+    assert {"InstanceType": "t3.micro", "LocationType": "region", "Location": "roost-1"} in region
+    zones = ec2.describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["m1.small", "t3.*"]}])
+    found = {(o["InstanceType"], o["Location"]) for o in zones["InstanceTypeOfferings"]}
+    assert ("m1.small", "roost-1a") in found and ("t3.micro", "roost-1a") in found
+    assert all(t == "m1.small" or t.startswith("t3.") for t, _ in found)
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        PaginationConfig={"PageSize": 5})
+    assert sum(len(p["InstanceTypeOfferings"]) for p in pages) == len(region)
+    fails("InvalidParameterValue", ec2.describe_instance_type_offerings, LocationType="planet")
+    attrs = ec2.describe_account_attributes()["AccountAttributes"]
+    by_name = {a["AttributeName"]: [v["AttributeValue"] for v in a["AttributeValues"]]
+               for a in attrs}
+    assert by_name["supported-platforms"] == ["VPC"]
+    default = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"]
+    assert by_name["default-vpc"] == [default[0]["VpcId"]]
+    one = ec2.describe_account_attributes(AttributeNames=["default-vpc"])["AccountAttributes"]
+    assert [a["AttributeName"] for a in one] == ["default-vpc"]
+    fails("InvalidParameterValue", ec2.describe_account_attributes, AttributeNames=["nope"])
+
+
+def test_modify_instance_groups(ec2: Any) -> None:
+    a = ec2.create_security_group(GroupName="a", Description="a")["GroupId"]
+    b = ec2.create_security_group(GroupName="b", Description="b")["GroupId"]
+    (inst,) = run(ec2)
+    iid = inst["InstanceId"]
+    ec2.modify_instance_attribute(InstanceId=iid, Groups=[a, b])
+    got = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert [g["GroupId"] for g in got["SecurityGroups"]] == [a, b]
+    assert [g["GroupId"] for g in got["NetworkInterfaces"][0]["Groups"]] == [a, b]
+    attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="groupSet")
+    assert [g["GroupId"] for g in attr["Groups"]] == [a, b]
+    fails("InvalidGroup.NotFound", ec2.modify_instance_attribute, InstanceId=iid,
+          Groups=["sg-0123456789abcdef0"])
+    fails("InvalidGroupId.Malformed", ec2.modify_instance_attribute, InstanceId=iid,
+          Groups=["nope"])
+    vpc = ec2.create_vpc(CidrBlock="10.11.0.0/16")["Vpc"]["VpcId"]
+    elsewhere = ec2.create_security_group(GroupName="x", Description="x", VpcId=vpc)["GroupId"]
+    fails("InvalidParameter", ec2.modify_instance_attribute, InstanceId=iid, Groups=[elsewhere])
+    fails("DependencyViolation", ec2.delete_security_group, GroupId=a)
+    ec2.terminate_instances(InstanceIds=[iid])
+    wait_state(ec2, iid, "terminated")
+    for gid in (a, b, elsewhere):
+        ec2.delete_security_group(GroupId=gid)
+    ec2.delete_vpc(VpcId=vpc)
+
+
+def test_route_tables_acls_vpc_attributes_interfaces(ec2: Any) -> None:
+    vpc = ec2.create_vpc(CidrBlock="10.12.0.0/16")["Vpc"]["VpcId"]
+    (rtb,) = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "association.main",
+                                                 "Values": ["true"]}])["RouteTables"]
+    assert rtb["Routes"][0]["DestinationCidrBlock"] == "10.12.0.0/16"
+    assert rtb["Associations"][0]["Main"] is True
+    (acl,) = ec2.describe_network_acls(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "default", "Values": ["true"]}])[
+        "NetworkAcls"]
+    assert acl["IsDefault"] and len(acl["Entries"]) == 4
+    support = ec2.describe_vpc_attribute(VpcId=vpc, Attribute="enableDnsSupport")
+    hostnames = ec2.describe_vpc_attribute(VpcId=vpc, Attribute="enableDnsHostnames")
+    assert support["EnableDnsSupport"]["Value"] and not hostnames["EnableDnsHostnames"]["Value"]
+    fails("InvalidVpcID.NotFound", ec2.describe_vpc_attribute, VpcId="vpc-0123456789abcdef0",
+          Attribute="enableDnsSupport")
+    fails("InvalidParameterValue", ec2.describe_route_tables,
+          Filters=[{"Name": "nope", "Values": ["x"]}])
+    ec2.delete_vpc(VpcId=vpc)
+
+    (inst,) = run(ec2)
+    (nic,) = ec2.describe_network_interfaces(
+        Filters=[{"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}])[
+        "NetworkInterfaces"]
+    assert nic["NetworkInterfaceId"] == inst["NetworkInterfaces"][0]["NetworkInterfaceId"]
+    assert nic["Attachment"]["InstanceId"] == inst["InstanceId"]
+    assert nic["PrivateIpAddress"] == inst["PrivateIpAddress"]
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    wait_state(ec2, inst["InstanceId"], "terminated")
+    fails("InvalidNetworkInterfaceID.NotFound", ec2.describe_network_interfaces,
+          NetworkInterfaceIds=[nic["NetworkInterfaceId"]])
+    fails("InvalidRouteTableID.NotFound", ec2.describe_route_tables,
+          RouteTableIds=["rtb-0123456789abcdef0"])
+    fails("InvalidNetworkAclID.NotFound", ec2.describe_network_acls,
+          NetworkAclIds=["acl-0123456789abcdef0"])
+
+
+def test_tags_on_vpcs_subnets_and_groups(ec2: Any) -> None:
+    vpc = ec2.create_vpc(CidrBlock="10.13.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.13.0.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName="tagged", Description="t",
+                                      VpcId=vpc)["GroupId"]
+    ec2.create_tags(Resources=[vpc, subnet, group], Tags=[{"Key": "env", "Value": "lab"}])
+    for call, key in ((ec2.describe_vpcs, "Vpcs"), (ec2.describe_subnets, "Subnets"),
+                      (ec2.describe_security_groups, "SecurityGroups")):
+        found = call(Filters=[{"Name": "tag:env", "Values": ["lab"]}])[key]
+        assert len(found) == 1 and found[0]["Tags"] == [{"Key": "env", "Value": "lab"}]
+    rows = ec2.describe_tags(Filters=[{"Name": "resource-type", "Values": ["vpc"]}])["Tags"]
+    assert {"Key": "env", "ResourceId": vpc, "ResourceType": "vpc", "Value": "lab"} in rows
+    ec2.delete_tags(Resources=[vpc, subnet, group], Tags=[{"Key": "env"}])
+    assert "Tags" not in ec2.describe_vpcs(VpcIds=[vpc])["Vpcs"][0]
+    default = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])[
+        "Vpcs"][0]["VpcId"]
+    ec2.create_tags(Resources=[default], Tags=[{"Key": "Name", "Value": "default"}])
+    assert ec2.describe_vpcs(VpcIds=[default])["Vpcs"][0]["Tags"] == [
+        {"Key": "Name", "Value": "default"}]
+    fails("InvalidVpcID.NotFound", ec2.create_tags, Resources=["vpc-0123456789abcdef0"],
+          Tags=[{"Key": "a", "Value": "b"}])
+    fails("InvalidSubnetID.Malformed", ec2.create_tags, Resources=["subnet-x"],
+          Tags=[{"Key": "a", "Value": "b"}])
+    ec2.delete_security_group(GroupId=group)
+    ec2.delete_subnet(SubnetId=subnet)
+    ec2.delete_vpc(VpcId=vpc)

@@ -1,0 +1,111 @@
+"""The network buckets on a real NATS: two gateways' stores racing for addresses and
+names, release by revision, and the sweep of addresses a crashed gateway left."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from roost.bus import schemas as s
+from roost.bus import subjects
+from roost.bus.connect import key_value
+from roost.domain.errors import InvalidIPAddressInUse
+from roost.domain.network import SecurityGroup
+from roost.embedded import NatsServer
+from roost.gateway.network import ORPHAN_AFTER, NetworkStore
+
+
+async def _store(nc: Client) -> NetworkStore:
+    store = NetworkStore(await key_value(nc, subjects.NETWORK_BUCKET),
+                         await key_value(nc, subjects.ADDRESSES_BUCKET),
+                         await key_value(nc, subjects.KEY_PAIRS_BUCKET),
+                         region="roost-1", owner_id="000000000000",
+                         zones=lambda: ["roost-1a"])
+    store.start(list)
+    await store.wait_synced(10)
+    return store
+
+
+@pytest.fixture
+async def stores(nats_server: NatsServer) -> AsyncIterator[tuple[NetworkStore, NetworkStore]]:
+    conns = [await nats.connect(nats_server.url) for _ in range(2)]
+    a, b = await _store(conns[0]), await _store(conns[1])
+    yield a, b
+    await a.stop()
+    await b.stop()
+    for nc in conns:
+        await nc.close()
+
+
+async def test_two_gateways_never_hand_out_one_address(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, b = stores
+    subnet = a.default_subnet_for("roost-1a")
+    got = await asyncio.gather(*(store.allocate(subnet, f"r-{i}")
+                                 for i in range(20) for store in (a, b)))
+    assert len(set(got)) == 40
+    assert min(got, key=lambda ip: tuple(map(int, ip.split(".")))) == "172.31.0.4"
+    with pytest.raises(InvalidIPAddressInUse):
+        await b.allocate(subnet, "r-x", got[0])
+
+
+async def test_release_is_by_revision(stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, b = stores
+    subnet = a.default_subnet_for("roost-1a")
+    ip = await a.allocate(subnet, "r-1")
+    await a.release(subnet.subnet_id, ip, "r-1")
+    again = await b.allocate(subnet, "r-2", ip)  # free again, taken by another launch
+    await asyncio.sleep(0.2)  # b's claim reaches a's mirror
+    await a.release(subnet.subnet_id, ip, "r-1")  # a late release of the old holder
+    await asyncio.sleep(0.2)
+    assert again == ip and a.addresses_in_use(subnet.subnet_id) == 1
+
+
+async def test_terminated_instance_gives_its_address_back(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, b = stores
+    subnet = a.default_subnet_for("roost-1a")
+    ip = await a.allocate(subnet, "r-1-0")
+    await asyncio.sleep(0.2)
+    rec = s.InstanceRecord(instance_id="i-0123456789abcdef0", node_id="n1",
+                           instance_type="t3.micro", image_id="ami-00000000000000001",
+                           state="terminated", launch_id="r-1-0", reservation_id="r-1",
+                           launch_time="2026-01-01T00:00:00Z", availability_zone="roost-1a",
+                           private_ip=ip, network=s.InstanceNetwork(subnet_id=subnet.subnet_id))
+    b.instance_gone(rec)  # another gateway saw it terminate
+    for _ in range(50):
+        if a.addresses_in_use(subnet.subnet_id) == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert a.addresses_in_use(subnet.subnet_id) == 0
+
+
+async def test_sweep_frees_addresses_no_instance_holds(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, _ = stores
+    subnet = a.default_subnet_for("roost-1a")
+    ip = await a.allocate(subnet, "r-crashed-0")
+    assert await a.sweep([], now=0.0) == 0  # young: a launch may still be under way
+
+    assert await a.sweep([], now=time.time() + ORPHAN_AFTER + 1) == 1
+    assert a.addresses_in_use(subnet.subnet_id) == 0, ip
+
+
+async def test_group_names_are_unique_across_gateways(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, b = stores
+    vpc = a.default_vpc.vpc_id
+    won = await asyncio.gather(a.claim_name(vpc, "web", "sg-1"), b.claim_name(vpc, "web", "sg-2"))
+    assert sorted(won) == [False, True]
+    group = SecurityGroup("sg-00000000000000001", "db", "d", vpc, "000000000000")
+    await a.create(group)
+    for _ in range(50):
+        if b.group("sg-00000000000000001") is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert b.group("sg-00000000000000001") == group
