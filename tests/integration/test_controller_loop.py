@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -258,7 +259,8 @@ async def test_a_database_clock_far_from_the_controllers_is_reported(
         assert "clock" not in caplog.text
         await rig.tick(advance=60)  # this controller's clock now runs 60 s ahead
         assert offset() == pytest.approx(-60, abs=5)
-        assert "the database's clock is -6" in caplog.text
+        # -60.0, or -59.9 when the read lands a few tenths of a second later (a busy host)
+        assert re.search(r"the database's clock is -(59|60)\.\d", caplog.text), caplog.text
         assert caplog.text.count("the database's clock is -") == 1
         await rig.tick(advance=0)
         assert caplog.text.count("the database's clock is -") == 1  # said once
