@@ -119,11 +119,18 @@ def test_scale_down_drains_up_to_the_budget_at_once() -> None:
     assert p.desired_replicas == 0
     assert [x.worker_id for x in p.steps if isinstance(x, MarkDraining)] == ["w0", "w1", "w2"]
     assert "disruption budget" in p.reason
-    # the budget is per period: the next tick drains none
-    nxt = run(snap(_idle(10, disruption_replicas=3), read_at=NOW + 10),  # type: ignore[arg-type]
-              {"p": p.history}, now=NOW + 10).pool("p")
+    # the budget is per period: the next tick drains none while those three finish
+    ws = [worker(f"w{i}", status=D, running=1, draining_since=NOW) if i < 3
+          else worker(f"w{i}") for i in range(10)]
+    nxt = run(snap(pool(spec(disruption_replicas=3), workers=ws, replicas=10),
+                   read_at=NOW + 10), {"p": p.history}, now=NOW + 10).pool("p")
     assert not [x for x in nxt.steps if isinstance(x, MarkDraining)]
     assert "budget spent" in nxt.reason
+    # with none in flight, one drains even on a spent budget (the seed rule's pace)
+    ws = [w for w in ws if w.status is not D]
+    last = run(snap(pool(spec(disruption_replicas=3), workers=ws, replicas=7),
+                    read_at=NOW + 20), {"p": nxt.history}, now=NOW + 20).pool("p")
+    assert [x.worker_id for x in last.steps if isinstance(x, MarkDraining)] == ["w3"]
 
 
 def test_disruption_budget_is_the_larger_of_count_and_percent() -> None:

@@ -245,7 +245,8 @@ def growth_limit(spec: PoolSpec, targets: tuple[tuple[float, int], ...], current
 
 
 def disruption_budget(spec: PoolSpec, current: int) -> int:
-    """Drains the pool may start per disruption period."""
+    """Drains the pool may start per disruption period (and one more whenever none is
+    in flight, so a pool never shrinks slower than one drained worker at a time)."""
     return max(spec.disruption_replicas, current * spec.disruption_percent // 100)
 
 
@@ -370,6 +371,10 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
         # then, since that only gives a worker its tasks back.
         current = d.current if d.current is not None else 0
         budget = disruption_budget(spec, current) - len(d.history.drains)
+        if not any(w.status is WorkerStatus.DRAINING for w in d.p.workers):
+            # never slower than one drain at a time: a spent budget still lets one
+            # worker drain once the last has gone
+            budget = max(budget, 1)
         drain = decide_drain(
             spec.pool_id, d.p.workers, current=current,
             desired=desired if desired is not None else current, infra=d.p.infra,
