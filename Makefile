@@ -11,7 +11,10 @@ BIN := $(VENV)/bin
 .PHONY: up test install install-test lint system-packages clean
 
 # Debian packages the tests drive for real (COMMAND=PACKAGE).
-SYSTEM_PACKAGES := bwrap=bubblewrap
+# The vm driver's tests boot micro-VMs: QEMU, and for `roost images build` a static
+# busybox, cpio and dpkg-deb (the kernel is fetched with apt-get download).
+SYSTEM_PACKAGES := bwrap=bubblewrap qemu-system-x86_64=qemu-system-x86 \
+	busybox=busybox-static cpio=cpio
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

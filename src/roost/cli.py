@@ -103,10 +103,12 @@ def _register() -> None:
     from roost.demo import demo
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
+    from roost.node.vm.cli import images
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, node, gateway, status, controller, pools, db, worker, bench):
+    for cmd in (up, demo, node, images, gateway, status, controller, pools, db, worker,
+                bench):
         main.add_command(cmd)
 
 
