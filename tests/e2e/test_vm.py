@@ -22,9 +22,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from roost.domain.catalog import BUILTIN
-from roost.domain.images import MICROVM, MICROVM_IMAGE_ID
+from roost.domain.images import MICROVM_IMAGE_ID
 from roost.node.cgroups import detect
-from roost.node.vm.build import default_images_dir
+from roost.node.vm.build import default_images_dir, is_current
 from roost.node.vm.driver import DEFAULT_OVERHEAD_MIB
 from tests.e2e.conftest import ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import code, wait_state
@@ -73,7 +73,7 @@ def images_dir() -> Path:
         pytest.fail("the vm driver's tests need: " + ", ".join(missing)
                     + "; `make system-packages` installs them")
     d = default_images_dir()
-    if not (d / MICROVM / "initrd.img").exists():
+    if not is_current(d):
         done = subprocess.run([sys.executable, "-m", "roost", "images", "build"],
                               capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr
@@ -94,6 +94,15 @@ class VmNode:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, times: int, timeout: float = 60.0) -> None:
+        """Until the node has said it is ready ``times`` times in all (its instances
+        re-adopted and its subscriptions made)."""
+        deadline = time.monotonic() + timeout
+        while self.log.read_text().count(f"node {NODE} ready") < times:
+            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.1)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -119,6 +128,7 @@ def vm(tmp_path_factory: pytest.TempPathFactory,
     node = VmNode(c.nats.url, tmp / NODE)
     try:
         node.start()
+        node.wait_ready(1)
         c.wait_nodes(2, timeout=30)
         yield c, node
     finally:
@@ -176,8 +186,7 @@ def test_a_micro_vm_runs_user_data_and_lives_through_its_lifecycle(
         node.kill()
         assert _qemu_pids(iid) == [pid]
         node.start()
-        cluster.wait_nodes(2, timeout=30)
-        time.sleep(1.0)
+        node.wait_ready(2)
         assert wait_state(ec2, iid, "running")["InstanceId"] == iid
         assert _qemu_pids(iid) == [pid]
 

@@ -15,6 +15,7 @@ built-in image ``ami-00000000000000003`` names.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -119,6 +120,22 @@ def _with_dependencies(mods: Path, wanted: tuple[str, ...]) -> list[tuple[str, P
     return order
 
 
+def guest_digest() -> str:
+    """Identifies the guest side (init, helpers, modules) this roost would build."""
+    text = "\0".join((guest.init_script(), guest.IMDS, guest.DHCP, *guest.MODULES))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def is_current(images_dir: Path) -> bool:
+    """Whether ``images_dir`` holds roost-microvm as this roost builds it."""
+    try:
+        manifest = json.loads((images_dir / MICROVM / "image.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(manifest.get("guest") == guest_digest()
+                and (images_dir / MICROVM / "initrd.img").is_file())
+
+
 def build(images_dir: Path, *, progress: Callable[[str], None] = print) -> Path:
     """Build ``roost-microvm`` into ``images_dir``; returns its directory. Replaces a
     previous build only once the new one is complete."""
@@ -169,6 +186,7 @@ def build(images_dir: Path, *, progress: Callable[[str], None] = print) -> Path:
         shutil.copy(vmlinuz, out / "vmlinuz")
         (out / "image.json").write_text(json.dumps(
             {"name": MICROVM, "kernel_package": package, "kernel": version,
+             "guest": guest_digest(),
              "busybox": str(busybox), "modules": list(guest.MODULES)}, indent=2) + "\n")
         final = images_dir / MICROVM
         old = images_dir / f".{MICROVM}.old"

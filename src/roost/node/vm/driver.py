@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -179,9 +180,31 @@ def make_vm_driver(*, node_id: str, isolation: Level, data_dir: Path,
     elif wanted == "tcg":
         accel = qemu.Accelerator("tcg", f"TCG chosen by {ACCEL_ENV}")
     else:
-        accel = qemu.probe_accelerator(binary, images / IMAGES[MICROVM_IMAGE_ID].kernel)
+        accel = _probed(binary, images / IMAGES[MICROVM_IMAGE_ID].kernel, data_dir)
     if accel.note:
         log.warning("node %s: %s", node_id, accel.note)
     else:
         log.info("node %s: micro-VMs under %s", node_id, accel.accel.upper())
     return VmDriver(iso, images_dir=images, qemu_binary=binary, accelerator=accel)
+
+
+def _probed(binary: str, kernel: Path, data_dir: Path) -> qemu.Accelerator:
+    """`qemu.probe_accelerator`, kept in the data dir for this host boot, so that an
+    agent restart (re-adopting its VMs) does not wait on the probe again."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    path = data_dir / "accelerator.json"
+    key = {"boot_id": boot, "qemu": binary, "kernel": str(kernel)}
+    try:
+        kept = json.loads(path.read_text())
+        if boot and kept.get("key") == key and kept.get("accel") in ("kvm", "tcg"):
+            return qemu.Accelerator(kept["accel"], str(kept.get("note", "")))
+    except (OSError, ValueError):
+        pass
+    accel = qemu.probe_accelerator(binary, kernel)
+    if kernel.exists():  # a probe without a kernel proves little: ask again next time
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "accel": accel.accel, "note": accel.note}))
+    return accel
