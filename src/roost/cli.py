@@ -44,6 +44,8 @@ BENCHMARKS = {
                          "InsufficientInstanceCapacity latency."),
     "placement": BenchEntry("roost.bench.placement", "placement_command",
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
+                          "Boot time to user data and QEMU's memory overhead per micro-VM."),
     "vm-trace": BenchEntry("roost.bench.vm_trace", "vm_trace_command",
                            "VM placement with departures: fewest hosts for zero rejections on "
                            "Azure V1."),
