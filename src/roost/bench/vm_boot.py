@@ -94,7 +94,10 @@ def boot_once(accel: qemu.Accel, itype: str, *, timeout: float) -> dict[str, obj
             proc.wait()
             server.shutdown()
         result["peak rss MiB"] = peak
-        result["overhead MiB"] = peak - BUILTIN[itype].mem_mib
+        if "RAM filled s" in result:  # only then is the guest's RAM all resident
+            result["overhead MiB"] = peak - BUILTIN[itype].mem_mib
+        else:
+            result["reached"] = "nothing" if "kernel s" not in result else "not all steps"
         return result
 
 
