@@ -70,6 +70,9 @@ def test_an_image_the_node_lacks_is_refused_saying_how_to_build_it(tmp_path: Pat
     with pytest.raises(DriverError, match="not a VM image"):
         _driver(_built(tmp_path)).prepare(_spec(tmp_path, "ami-00000000000000002"))
     _driver(tmp_path).prepare(_spec(tmp_path))  # built: accepted
+    # roost-shell (user data under sh) boots roost-microvm, whose init runs it under sh.
+    assert _driver(tmp_path).boot_files(IMAGES["ami-00000000000000001"])[0] == (
+        tmp_path / MICROVM / "vmlinuz")
 
 
 def test_the_cgroup_holds_the_type_plus_qemu(tmp_path: Path) -> None:

@@ -73,6 +73,10 @@ class VmDriver(ProcessDriver):
     def boot_files(self, image: Image) -> tuple[Path, Path | None]:
         """The image's kernel and initramfs on this node; `DriverError` saying what is
         missing (and how to make it) when the node lacks them."""
+        if not image.bootable and image.interpreter == "sh":
+            # roost-shell promises user data under /bin/sh: roost-microvm's init keeps
+            # that promise, so the default image launches on a vm node too.
+            image = IMAGES[MICROVM_IMAGE_ID]
         if not image.bootable:
             raise DriverError(f"image {image.image_id} ({image.name}) is not a VM image; "
                               f"the vm driver boots images with a kernel, such as "
