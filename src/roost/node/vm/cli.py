@@ -40,7 +40,8 @@ def list_command(images_dir: Path | None) -> None:
     target = images_dir or default_images_dir()
     for img in IMAGES.values():
         if not img.bootable:
-            where = "process driver (runs under the node's interpreter)"
+            where = ("process driver; on a vm node it boots roost-microvm"
+                     if img.interpreter == "sh" else "process driver only")
         else:
             manifest = target / img.kernel
             built = manifest.parent / "image.json"
