@@ -47,6 +47,8 @@ BENCHMARKS = {
                          "InsufficientInstanceCapacity latency."),
     "placement": BenchEntry("roost.bench.placement", "placement_command",
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
+                          "Boot time to user data and QEMU's memory overhead per micro-VM."),
     "vm-trace": BenchEntry("roost.bench.vm_trace", "vm_trace_command",
                            "VM placement with departures: fewest hosts for zero rejections on "
                            "Azure V1."),
@@ -107,11 +109,12 @@ def _register() -> None:
     from roost.demo import demo
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
+    from roost.node.vm.cli import images
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, dashboard, node, gateway, status, controller, pools, db, worker,
-                bench):
+    for cmd in (up, demo, dashboard, node, images, gateway, status, controller, pools, db,
+                worker, bench):
         main.add_command(cmd)
 
 

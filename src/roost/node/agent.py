@@ -89,9 +89,14 @@ def make_driver(config: NodeConfig) -> InstanceDriver:
         iso = make_isolation(config.isolation, node_id=config.node_id,
                              data_dir=config.data_dir)
         return ProcessDriver(iso)
+    if config.driver == "vm":
+        from roost.node.vm.driver import make_vm_driver  # QEMU's client only when used
+
+        return make_vm_driver(node_id=config.node_id, isolation=config.isolation,
+                              data_dir=config.data_dir)
     if config.driver == "sim":
         return SimDriver()
-    raise ValueError(f"unknown driver {config.driver!r}: expected 'process' or 'sim'")
+    raise ValueError(f"unknown driver {config.driver!r}: expected 'process', 'vm' or 'sim'")
 
 
 class NodeAgent:
@@ -99,7 +104,8 @@ class NodeAgent:
         self.config = config
         self.node_id = config.node_id
         self.driver = driver or make_driver(config)
-        self.ledger = Ledger(config.host, config.catalog)
+        self.ledger = Ledger(config.host, config.catalog,
+                             overhead_mib=self.driver.overhead_mib)
         self.state = NodeState(config.data_dir / "node.sqlite3")
         self.boot_id = uuid.uuid4().hex
         self.draining = False

@@ -82,10 +82,11 @@ def _default_node_id() -> str:
 @click.option(
     "--driver",
     envvar="ROOST_NODE_DRIVER",
-    type=click.Choice(["process", "sim"]),
+    type=click.Choice(["process", "vm", "sim"]),
     default="process",
     show_default=True,
-    help="process: user data runs as a child process; "
+    help="process: user data runs as a child process; vm: every instance a QEMU "
+    "micro-VM (KVM where it works, else TCG; images from `roost images build`); "
     "sim: nothing runs (benchmarks). Env: ROOST_NODE_DRIVER.",
 )
 @click.option(

@@ -62,6 +62,8 @@ class DriverError(Exception):
 
 class InstanceDriver(Protocol):
     name: str
+    overhead_mib: int
+    """Host memory each instance costs beyond its type (the ledger charges it)."""
 
     @property
     def isolation(self) -> str:
@@ -109,6 +111,7 @@ class InstanceDriver(Protocol):
 
 class SimDriver:
     name = "sim"
+    overhead_mib = 0
     isolation = "none"
     isolation_note = ""
 

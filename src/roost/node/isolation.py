@@ -56,12 +56,14 @@ class Isolation:
     bwrap: str | None = None
     data_dir: Path | None = None
 
-    def group(self, instance_id: str, itype: InstanceType) -> InstanceCgroup | None:
-        """The instance's cgroup, made (or re-sized) now; None at level none."""
+    def group(self, instance_id: str, itype: InstanceType, *,
+              limits: Limits | None = None) -> InstanceCgroup | None:
+        """The instance's cgroup, made (or re-sized) now, sized from its type unless
+        ``limits`` says otherwise; None at level none."""
         if self.cgroups is None:
             return None
         try:
-            return self.cgroups.create(instance_id, limits_for(itype))
+            return self.cgroups.create(instance_id, limits or limits_for(itype))
         except CgroupError as exc:
             raise DriverError(f"cannot make a cgroup for {instance_id}: {exc}") from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from roost.domain.catalog import Catalog, InstanceType
 from roost.domain.fit import (
@@ -33,9 +33,14 @@ class Allocation:
 
 
 class Ledger:
-    def __init__(self, host: HostCapacity, catalog: Catalog) -> None:
+    """``overhead_mib`` is memory the node spends per instance beyond its type (a VM's
+    hypervisor process): each allocation takes it too, so the node never advertises
+    room that its instances' overhead already uses."""
+
+    def __init__(self, host: HostCapacity, catalog: Catalog, *, overhead_mib: int = 0) -> None:
         self.host = host
         self.catalog = catalog
+        self.overhead_mib = overhead_mib
         self._lock = threading.Lock()
         self._free = host.empty()
         self._allocs: dict[str, Allocation] = {}
@@ -62,7 +67,8 @@ class Ledger:
         with self._lock:
             if instance_id in self._allocs:
                 return self._allocs[instance_id]
-            if not self._free.resources.covers(itype.resources):
+            cost = self._charged(itype)
+            if not self._free.resources.covers(cost.resources):
                 return None
             gpus = assignment_on(self._free, itype, devices) if devices else None
             if gpus is None:
@@ -70,9 +76,15 @@ class Ledger:
             if gpus is None:
                 return None
             alloc = Allocation(instance_id, itype, gpus)
-            self._free = take(self._free, itype, gpus)
+            self._free = take(self._free, cost, gpus)
             self._allocs[instance_id] = alloc
             return alloc
+
+    def _charged(self, itype: InstanceType) -> InstanceType:
+        """What one instance of ``itype`` costs this node."""
+        if not self.overhead_mib:
+            return itype
+        return replace(itype, mem_mib=itype.mem_mib + self.overhead_mib)
 
     def adopt(self, instance_id: str, itype: InstanceType, gpus: GpuAssignment) -> Allocation:
         """Re-enter an allocation that survived an agent restart, on the same devices.
@@ -85,7 +97,7 @@ class Ledger:
             if instance_id in self._allocs:
                 return self._allocs[instance_id]
             alloc = Allocation(instance_id, itype, gpus)
-            self._free = take(self._free, itype, gpus)
+            self._free = take(self._free, self._charged(itype), gpus)
             self._allocs[instance_id] = alloc
             return alloc
 
@@ -95,12 +107,12 @@ class Ledger:
             alloc = self._allocs.pop(instance_id, None)
             if alloc is None:
                 return False
-            self._free = give(self._free, alloc.itype, alloc.gpus)
+            self._free = give(self._free, self._charged(alloc.itype), alloc.gpus)
             return True
 
     def fit_counts(self) -> dict[str, int]:
         free = self._free
-        return {name: fit_count(free, t) for name, t in self.catalog.items()}
+        return {name: fit_count(free, self._charged(t)) for name, t in self.catalog.items()}
 
     def fitting_types(self) -> frozenset[str]:
         """The types of which one more fits now: the node's launch subscriptions."""

@@ -21,7 +21,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from roost.node.cgroups import CgroupError, InstanceCgroup
+from roost.domain.catalog import InstanceType
+from roost.node.cgroups import CgroupError, InstanceCgroup, Limits
 from roost.node.drivers import (
     Exit,
     ExitCallback,
@@ -42,6 +43,7 @@ _KILL_ROUNDS = 200  # SIGKILL rounds, 50 ms apart, before a group that won't emp
 
 class ProcessDriver:
     name = "process"
+    overhead_mib = 0
 
     def __init__(self, isolation: Isolation, *, poll_seconds: float = 0.5) -> None:
         self._iso = isolation
@@ -63,8 +65,13 @@ class ProcessDriver:
 
     # -- starting ------------------------------------------------------------------
 
+    def limits(self, itype: InstanceType) -> Limits:
+        """What the instance's cgroup holds it to: its type (a subclass that runs more
+        than the instance's own program in the group adds room for that)."""
+        return limits_for(itype)
+
     def prepare(self, spec: StartSpec) -> None:
-        group = self._iso.group(spec.instance_id, spec.itype)
+        group = self._iso.group(spec.instance_id, spec.itype, limits=self.limits(spec.itype))
         if group is not None:
             self._groups[spec.instance_id] = group
 
@@ -82,7 +89,8 @@ class ProcessDriver:
 
     async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None:
         iid = spec.instance_id
-        group = self._groups.get(iid) or self._iso.group(iid, spec.itype)
+        group = self._groups.get(iid) or self._iso.group(iid, spec.itype,
+                                                         limits=self.limits(spec.itype))
         if group is not None:
             self._groups[iid] = group
             self._oom_base[iid] = group.usage().oom_kills
@@ -139,7 +147,7 @@ class ProcessDriver:
                 _remove(group)
                 return False
             try:  # the types file may have changed while the agent was down
-                group.set_limits(limits_for(spec.itype))
+                group.set_limits(self.limits(spec.itype))
             except CgroupError as exc:
                 log.error("instance %s: could not re-apply its limits: %s", iid, exc)
             self._groups[iid] = group

@@ -150,9 +150,10 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
 @click.command("up")
 @click.option("--nodes", type=click.IntRange(min=1, max=64), default=3, show_default=True,
               help="How many local node agents to run.")
-@click.option("--driver", type=click.Choice(["process", "sim"]), default="process",
+@click.option("--driver", type=click.Choice(["process", "vm", "sim"]), default="process",
               show_default=True,
-              help="process: user data runs as a child process; sim: nothing runs.")
+              help="process: user data runs as a child process; vm: a QEMU micro-VM "
+                   "per instance (see `roost images build`); sim: nothing runs.")
 @click.option("--isolation", type=click.Choice(list(LEVELS)), default="cgroup",
               show_default=True,
               help="process driver: how instances are held to their type (see `roost node "

@@ -1,0 +1,112 @@
+"""What runs inside the micro-VM: the initramfs's init, as shell text for busybox.
+
+It brings the machine up, reads its user data from the metadata service at
+169.254.169.254 (IMDSv2 when it can get a token, as the AWS tools do), runs it under sh
+with its output on the serial console, then idles like a booted host. The ACPI power
+button (QMP ``system_powerdown``, sent by stop-instances) powers it off cleanly.
+"""
+
+from __future__ import annotations
+
+MODULES = ("virtio_mmio", "virtio_pci", "virtio_net", "button", "evdev")
+"""Kernel modules the guest needs: Debian builds virtio, its transports (mmio for
+microvm, PCI for q35) and the power button as modules. The build adds what they depend
+on and writes the load order to /lib/modules/order."""
+
+READY = "roost-microvm: user data starting"
+"""Printed on the console when the user data is about to run (boot time is measured to
+it)."""
+
+INIT = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /tmp /run
+mount -t tmpfs tmp /tmp
+exec </dev/console >/dev/console 2>&1
+for m in $(cat /lib/modules/order); do
+    insmod "/lib/modules/$m.ko" || echo "roost-microvm: insmod $m failed"
+done
+mem=$(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo)
+echo "roost-microvm: kernel $(uname -r), $(nproc) vCPU, $mem MiB"
+
+# The power button: a press (QMP system_powerdown) powers the machine off.
+for dev in /sys/class/input/event*; do
+    if grep -q "Power Button" "$dev/device/name" 2>/dev/null; then
+        (head -c 1 "/dev/input/${dev##*/}" >/dev/null && echo "roost-microvm: power button" \
+            && sync && poweroff -f) &
+    fi
+done
+
+ip link set lo up
+ip link set eth0 up 2>/dev/null
+if udhcpc -q -f -n -t 10 -T 1 -i eth0 -s /bin/roost-dhcp >/tmp/dhcp.log 2>&1; then
+    echo "roost-microvm: eth0 $(ip -o -4 addr show eth0 | awk '{print $4}')"
+else
+    echo "roost-microvm: no DHCP lease on eth0 ($(ls /sys/class/net | tr '\n' ' '))"
+    cat /tmp/dhcp.log
+fi
+
+# User data from the metadata service (IMDSv2, then v1).
+tries=0
+until imds user-data >/tmp/user-data 2>/tmp/imds-error; do
+    if grep -q "404" /tmp/imds-error; then : >/tmp/user-data; break; fi
+    tries=$((tries + 1))
+    [ $tries -ge 50 ] && { echo "roost-microvm: metadata service unreachable"; break; }
+    sleep 0.1
+done
+echo "READY"
+if [ -s /tmp/user-data ]; then
+    chmod +x /tmp/user-data
+    if head -c 2 /tmp/user-data | grep -q '#!'; then /tmp/user-data; else sh /tmp/user-data; fi
+    echo "roost-microvm: user data exited with $?"
+fi
+while :; do sleep 3600; done
+"""
+
+IMDS = r"""#!/bin/sh
+# imds PATH: the metadata service's answer for PATH (meta-data/PATH, or user-data), with
+# an IMDSv2 token when the service gives one. Raw HTTP/1.0 over busybox nc: the static
+# busybox's wget cannot resolve even an address without glibc's NSS.
+case "$1" in user-data|dynamic/*) path="/latest/$1" ;; *) path="/latest/meta-data/$1" ;; esac
+ask() {  # the request on stdin; the answer, without CRs, into /tmp/imds.$$
+    # nc reads its input from a FIFO held open until nc ends: busybox nc may stop
+    # reading the answer once its input ends.
+    rm -f /tmp/in.$$; mkfifo /tmp/in.$$
+    nc -w 5 169.254.169.254 80 </tmp/in.$$ >/tmp/raw.$$ 2>/dev/null &
+    pid=$!
+    { cat; while kill -0 $pid 2>/dev/null; do usleep 20000; done; } >/tmp/in.$$
+    wait $pid
+    tr -d '\r' </tmp/raw.$$ >/tmp/imds.$$
+    rm -f /tmp/in.$$ /tmp/raw.$$
+}
+printf 'PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: 300\r\n\r\n' | ask
+token=""
+head -n 1 /tmp/imds.$$ | grep -q " 200 " && token=$(sed '1,/^$/d' /tmp/imds.$$)
+if [ -n "$token" ]; then
+    printf 'GET %s HTTP/1.0\r\nX-aws-ec2-metadata-token: %s\r\n\r\n' "$path" "$token" | ask
+else
+    printf 'GET %s HTTP/1.0\r\n\r\n' "$path" | ask
+fi
+status=$(head -n 1 /tmp/imds.$$)
+case "$status" in
+    *" 200 "*) sed '1,/^$/d' /tmp/imds.$$; rm -f /tmp/imds.$$ ;;
+    *) echo "imds $path: ${status:-no answer}" >&2; rm -f /tmp/imds.$$; exit 1 ;;
+esac
+"""
+
+DHCP = r"""#!/bin/sh
+# udhcpc's hook: configure the leased address and the default route.
+case "$1" in
+    bound|renew)
+        ifconfig "$interface" "$ip" netmask "${subnet:-255.255.255.0}"
+        for r in $router; do route add default gw "$r" dev "$interface"; break; done
+        ;;
+esac
+"""
+
+
+def init_script() -> str:
+    return INIT.replace('"READY"', f'"{READY}"')

@@ -1,0 +1,99 @@
+"""The vm driver's decisions that need no VM: QEMU's command line, what a node refuses
+before anything starts (and leaves nothing behind), the ledger's per-VM overhead, and the
+image build's module order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from roost.domain.catalog import BUILTIN
+from roost.domain.host import HostCapacity
+from roost.domain.images import IMAGES, MICROVM, MICROVM_IMAGE_ID
+from roost.domain.resources import Resources
+from roost.node.drivers import DriverError, StartSpec
+from roost.node.isolation import Isolation
+from roost.node.ledger import Ledger
+from roost.node.vm import qemu
+from roost.node.vm.build import _with_dependencies
+from roost.node.vm.driver import VmDriver
+
+NANO = BUILTIN["t3.nano"]
+KVM = qemu.Accelerator("kvm", "")
+
+
+def _driver(images: Path, binary: str | None = "/usr/bin/qemu-system-x86_64") -> VmDriver:
+    return VmDriver(Isolation("none", ""), images_dir=images, qemu_binary=binary,
+                    accelerator=KVM, overhead_mib=100)
+
+
+def _spec(tmp: Path, image: str = MICROVM_IMAGE_ID) -> StartSpec:
+    return StartSpec("i-0123456789abcdef0", NANO, IMAGES[image], "", tmp / "i")
+
+
+def _built(tmp: Path) -> Path:
+    (tmp / MICROVM).mkdir(parents=True)
+    for name in ("vmlinuz", "initrd.img"):
+        (tmp / MICROVM / name).write_bytes(b"x")
+    return tmp
+
+
+def test_qemu_command_sizes_the_vm_and_forwards_metadata(tmp_path: Path) -> None:
+    argv = qemu.command("qemu", itype=BUILTIN["t3.large"], kernel=tmp_path / "k",
+                        initrd=tmp_path / "i", workdir=tmp_path / "i-1", accel="kvm",
+                        imds_port=4567)
+    assert argv[argv.index("-m") + 1] == str(BUILTIN["t3.large"].mem_mib)
+    assert argv[argv.index("-smp") + 1] == "2"
+    assert argv[argv.index("-machine") + 1] == "microvm"
+    assert argv[argv.index("-accel") + 1] == "kvm"
+    net = argv[argv.index("-netdev") + 1]
+    assert "guestfwd=tcp:169.254.169.254:80-cmd:" in net and "127.0.0.1 4567" in net
+    assert f"unix:{tmp_path / 'i-1' / 'qmp.sock'}" in argv[argv.index("-qmp") + 1]
+    tcg = qemu.command("qemu", itype=NANO, kernel=tmp_path / "k", initrd=None,
+                       workdir=tmp_path, accel="tcg", imds_port=None)
+    assert tcg[tcg.index("-machine") + 1] == "q35" and "-initrd" not in tcg
+    assert tcg[tcg.index("-accel") + 1].startswith("tcg,tb-size=")
+    assert "guestfwd" not in tcg[tcg.index("-netdev") + 1]
+
+
+def test_a_missing_qemu_is_refused_with_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(DriverError, match="apt-get install qemu-system-x86"):
+        _driver(_built(tmp_path), binary=None).prepare(_spec(tmp_path))
+    assert not (tmp_path / "i").exists()
+
+
+def test_an_image_the_node_lacks_is_refused_saying_how_to_build_it(tmp_path: Path) -> None:
+    with pytest.raises(DriverError, match="roost images build") as exc:
+        _driver(tmp_path).prepare(_spec(tmp_path))
+    assert str(tmp_path / MICROVM / "vmlinuz") in str(exc.value)
+    with pytest.raises(DriverError, match="not a VM image"):
+        _driver(_built(tmp_path)).prepare(_spec(tmp_path, "ami-00000000000000002"))
+    _driver(tmp_path).prepare(_spec(tmp_path))  # built: accepted
+    # roost-shell (user data under sh) boots roost-microvm, whose init runs it under sh.
+    assert _driver(tmp_path).boot_files(IMAGES["ami-00000000000000001"])[0] == (
+        tmp_path / MICROVM / "vmlinuz")
+
+
+def test_the_cgroup_holds_the_type_plus_qemu(tmp_path: Path) -> None:
+    limits = _driver(tmp_path).limits(NANO)
+    assert limits.mem_mib == NANO.mem_mib + 100 and limits.cpu_milli == NANO.cpu_milli
+
+
+def test_the_ledger_charges_each_vm_its_overhead() -> None:
+    host = HostCapacity(total=Resources(64_000, 4096), reserve=Resources(0, 0))
+    plain, vms = Ledger(host, BUILTIN), Ledger(host, BUILTIN, overhead_mib=512)
+    assert plain.fit_counts()["t3.nano"] == 8 and vms.fit_counts()["t3.nano"] == 4
+    for i in range(4):
+        assert vms.allocate(f"i-{i}", NANO) is not None
+    assert vms.allocate("i-5", NANO) is None
+    assert vms.release("i-0") and vms.free.resources.mem_mib == 1024
+
+
+def test_modules_load_after_what_they_depend_on(tmp_path: Path) -> None:
+    deps = {"virtio_ring": "", "virtio": "virtio_ring", "virtio_net": "virtio_ring,virtio",
+            "button": ""}
+    for name, dep in deps.items():
+        (tmp_path / f"{name}.ko").write_bytes(b"\0stuff\0depends=" + dep.encode() + b"\0")
+    order = [n for n, _ in _with_dependencies(tmp_path, ("virtio_net", "button", "gone"))]
+    assert order == ["virtio_ring", "virtio", "virtio_net", "button"]
