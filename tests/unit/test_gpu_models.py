@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from roost.decide.placement import POLICIES, NodeView, placements, rank
-from roost.decide.workload import Demand, GpuFragmentation, UsableCapacity, Workload
+from roost.decide.placement import POLICIES, NodeView, gpu_inventory, placements, rank
+from roost.decide.workload import (
+    Demand,
+    GpuFragmentation,
+    UsableCapacity,
+    Workload,
+    scarcity,
+)
 from roost.domain.catalog import BUILTIN, InstanceType, parse_types_toml
 from roost.domain.fit import (
     FreeCapacity,
@@ -16,6 +22,7 @@ from roost.domain.fit import (
     fit_count,
     fits,
     gpu_choices,
+    take,
 )
 from roost.domain.host import HostCapacity, parse_gpus
 from roost.domain.resources import Resources
@@ -219,3 +226,57 @@ def test_fgd_and_roost_keep_the_devices_only_the_set_can_use_for_it() -> None:
     nodes = [view("a-v100", M16), view("b-t4", T4)]
     for policy in ("fgd", "roost"):
         assert rank(nodes, either, policy=policy, workload=workload)[0].node_id == "b-t4"
+
+
+# -- scarcity: the cluster's device mix against the workload's model sets -------------
+
+
+@pytest.mark.parametrize(
+    ("models", "factor"),
+    [
+        ((), 1.0),  # any model
+        (("G2",), 10 / 8),
+        (("P100",), 10 / 2),
+        (("P100", "T4"), 10 / 2),  # no T4 in the cluster: P100s are all it may use
+        (("T4",), 1.0),  # fits nowhere: its weight is moot
+    ],
+)
+def test_scarcity_is_all_devices_over_those_a_shape_may_use(
+    models: tuple[str, ...], factor: float
+) -> None:
+    inventory = (("G2", 8), ("P100", 2))
+    assert scarcity(Demand.of(whole(1, *models)), inventory) == factor
+
+
+def test_the_inventory_counts_devices_free_or_not() -> None:
+    nodes = [view("a", ("G2", 0), ("G2", 1000)), view("b", ("P100", 250)), view("c")]
+    assert gpu_inventory(nodes) == (("G2", 2), ("P100", 1))
+
+
+def test_without_model_sets_the_inventory_changes_nothing() -> None:
+    workload = Workload.from_requests([whole(1), whole(2), part(500)])
+    c = cap(M16, ("T4", 500), T4)
+    plain = UsableCapacity(workload)
+    weighed = UsableCapacity(workload, (("T4", 100), ("V100M16", 3)))
+    assert plain.weighted(c) == weighed.weighted(c)
+    assert plain.total_weight == weighed.total_weight
+
+
+def test_usable_capacity_weighs_room_for_a_scarce_model_more() -> None:
+    """Half the requests take any GPU, half only P100s, which are 1 in 10 of the
+    cluster's GPUs. Without the inventory a request for any GPU costs as much usable
+    capacity on a P100 node as on a G2 one; with it, the P100 node's room is worth 10x
+    to the P100 requests, so the G2 node costs less."""
+    anywhere, p100 = whole(1), whole(1, "P100")
+    workload = Workload.from_requests([anywhere, p100])
+    inventory = (("G2", 18), ("P100", 2))
+    on_p100, on_g2 = cap(("P100", 1000), ("P100", 1000)), cap(("G2", 1000), ("G2", 1000))
+
+    def loss(u: UsableCapacity, c: FreeCapacity) -> int:
+        gpus = assign_gpus(c, anywhere)
+        assert gpus is not None
+        return u.weighted(c) - u.weighted(take(c, anywhere, gpus))
+
+    plain, weighed = UsableCapacity(workload), UsableCapacity(workload, inventory)
+    assert loss(plain, on_p100) == 2 * loss(plain, on_g2)  # P100 requests lose one too
+    assert loss(weighed, on_p100) == 11 * loss(weighed, on_g2)  # ...worth 10 each

@@ -250,6 +250,21 @@ class GpuFragmentation:
         return total * self._total_weight - usable
 
 
+GpuInventory = tuple[tuple[str, int], ...]
+"""``((model, devices), ...)``: how many GPU devices of each model a cluster has."""
+
+
+def scarcity(demand: Demand, inventory: GpuInventory) -> float:
+    """How many times scarcer the devices ``demand`` may use are than the cluster's GPUs:
+    all devices over those of its models (1 for a shape that takes any model, or when
+    the cluster has none of them: such a shape fits nowhere, so its weight is moot)."""
+    total = sum(n for _, n in inventory)
+    if not demand.gpu_models or not total:
+        return 1.0
+    reach = sum(n for m, n in inventory if m in demand.gpu_models)
+    return total / reach if reach else 1.0
+
+
 class UsableCapacity:
     """How much GPU a node can still give the workload, counted in whole requests.
 
@@ -260,16 +275,26 @@ class UsableCapacity:
     more request run here?", this asks "how many?": it sees a node whose CPU runs out
     before its GPUs do, and the remainder a slice leaves on a device. Memoised, and
     exact (integer weights), like `GpuFragmentation.weighted`.
+
+    Given the cluster's ``inventory``, a shape limited to some GPU models weighs its
+    share times its `scarcity` (the mean stays a mean: weights are renormalised): room
+    for a shape that may use 4% of the cluster's GPUs is worth 25 times room for one
+    that may use any, per request expected. So a request that could go anywhere leaves
+    the scarce models to the requests that need them, which no one node can see: it is
+    the cluster's device mix against the workload's. With no model sets in the workload
+    every factor is 1 and U is exactly as without an inventory.
     """
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, inventory: GpuInventory = ()) -> None:
         self.workload = workload
         self._shapes = [
-            (d.as_type(), round(share * _WEIGHT_SCALE) * d.gpu_total_milli)
+            (d.as_type(),
+             round(share * _WEIGHT_SCALE * scarcity(d, inventory)) * d.gpu_total_milli)
             for d, share in workload.mix
             if d.gpu_count
         ]
-        self.total_weight = sum(round(share * _WEIGHT_SCALE) for _, share in workload.mix)
+        self.total_weight = sum(round(share * _WEIGHT_SCALE * scarcity(d, inventory))
+                                for d, share in workload.mix)
         self._memo: dict[tuple[int, int, tuple[int, ...], tuple[str, ...]], int] = {}
 
     def weighted(self, cap: FreeCapacity) -> int:
