@@ -11,7 +11,8 @@ Formats (docs/benchmarks.md links each upstream):
 
 - ``alibaba-openb/``: ``openb_node_list_gpu_node.csv`` (``sn,cpu_milli,memory_mib,gpu,
   model``) and ``openb_pod_list_default.csv`` (``name,cpu_milli,memory_mib,num_gpu,
-  gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time``).
+  gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time``), and
+  ``openb_pod_list_gpuspec20.csv``, the same pods with GPU model sets (``V100M32|T4``).
 - ``fgd-published/analysis_allo_discrete.csv``: ``workload,sc_policy,tune,seed,
   total_gpus,0..130``, GPU allocation % per % of capacity arrived.
 - ``azure-v1/``: ``flav_map.txt`` (``<vcpus>,<GiB> <letter>``), ``v1.interval_map.txt``
@@ -79,6 +80,25 @@ def write_openb(root: Path, rng: random.Random, *, nodes: int = 600, pods: int =
         rows.append(f"openb-pod-{i:04d},{cpu},{mem},{num_gpu},{milli},,LS,Running,"
                     f"{t},{t + rng.randrange(60, 10**6)},{t}")
     (d / "openb_pod_list_default.csv").write_text("\n".join(rows) + "\n")
+    (d / "openb_pod_list_gpuspec20.csv").write_text("\n".join(with_gpu_specs(rows)) + "\n")
+
+
+def with_gpu_specs(rows: list[str], *, share: float = 0.2, seed: int = 20) -> list[str]:
+    """The pod list with about ``share`` of its GPU pods constrained to GPU models, as
+    ``openb_pod_list_gpuspec20`` is: one model, or several joined by ``|`` (any will
+    do; upstream repeats a model now and then, so this does too)."""
+    rng = random.Random(seed)
+    models = [m for m, *_ in NODE_SHAPES]
+    out = rows[:1]
+    for row in rows[1:]:
+        cols = row.split(",")
+        if cols[3] != "0" and rng.random() < share:
+            picked = rng.sample(models, rng.choice([1, 1, 2, 3]))
+            if rng.random() < 0.1:
+                picked.append(picked[-1])
+            cols[5] = "|".join(picked)
+        out.append(",".join(cols))
+    return out
 
 
 def write_fgd_published(root: Path, rng: random.Random) -> None:

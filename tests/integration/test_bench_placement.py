@@ -46,6 +46,20 @@ def test_quick_placement_on_the_openb_trace(trace_dir: Path, tmp_path: Path) -> 
     assert out.with_suffix(".png").stat().st_size > 10_000
 
 
+def test_quick_placement_reads_gpu_model_sets(trace_dir: Path, tmp_path: Path) -> None:
+    """``openb_pod_list_gpuspec20``: some pods take any of several GPU models (``A|B``)."""
+    out = tmp_path / "gpuspec.json"
+    result = CliRunner().invoke(placement_command, [
+        "--data-dir", str(trace_dir), "--pods", "openb_pod_list_gpuspec20.csv", "--quick",
+        "--order", "shuffled", "--policy", "roost", "--policy", "fgd", "--json", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert [r["policy"] for r in doc["results"]] == ["roost", "fgd"]
+    for r in doc["results"]:
+        assert 50 < r["gpu_alloc_pct_at_100_arrived"] <= 100
+
+
 def test_quick_vm_trace_on_the_azure_trace(trace_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "vm.json"
     result = CliRunner().invoke(vm_trace_command, [

@@ -57,7 +57,7 @@ def test_operator_types_from_toml() -> None:
     """)
     cat = BUILTIN.with_types(types)
     assert cat["x1.big"].resources == Resources(12000, 49152)
-    assert (cat["x1.slice"].gpu_milli, cat["x1.slice"].gpu_model) == (250, "T4")
+    assert (cat["x1.slice"].gpu_milli, cat["x1.slice"].gpu_models) == (250, ("T4",))
     assert len(cat) == len(BUILTIN) + 2
 
 
@@ -150,5 +150,5 @@ def test_take_then_give_restores() -> None:
 
 
 def test_gpu_model_must_match() -> None:
-    t4 = InstanceType("x.t4", 1000, 1024, gpu_count=1, gpu_model="T4")
+    t4 = InstanceType("x.t4", 1000, 1024, gpu_count=1, gpu_models=("T4",))
     assert assign_gpus(gpu_node(1000), t4) is None

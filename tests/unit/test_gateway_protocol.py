@@ -11,7 +11,7 @@ from botocore.parsers import create_parser
 from botocore.serialize import create_serializer
 
 from roost.bus.schemas import InstanceRecord
-from roost.domain.catalog import BUILTIN
+from roost.domain.catalog import BUILTIN, InstanceType
 from roost.domain.errors import (
     InvalidID,
     InvalidInstanceIDMalformed,
@@ -199,6 +199,13 @@ def test_instance_types_xml() -> None:
     g5, gs = out["InstanceTypes"]
     assert g5["VCpuInfo"]["DefaultVCpus"] == 48 and g5["GpuInfo"]["Gpus"][0]["Count"] == 4
     assert gs["MemoryInfo"]["SizeInMiB"] == 16 * 1024
+
+
+def test_a_type_with_a_gpu_model_set_lists_each_model() -> None:
+    v100 = InstanceType("x1.v100", 8000, 65_536, gpu_count=2, gpu_models=("V100M32", "V100M16"))
+    out = parse_reply("DescribeInstanceTypes", render.instance_types(Paged((v100,)), "r"))
+    gpus = out["InstanceTypes"][0]["GpuInfo"]["Gpus"]
+    assert [(g["Name"], g["Count"]) for g in gpus] == [("V100M16", 2), ("V100M32", 2)]
 
 
 def test_error_envelope_escapes_and_strips_what_xml_cannot_carry() -> None:

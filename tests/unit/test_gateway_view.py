@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from roost.bus.schemas import CapacitySnapshot, InstanceRecord
-from roost.domain.catalog import BUILTIN
+from roost.domain.catalog import BUILTIN, InstanceType
 from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
 from roost.gateway.capacity import CapacityView
 from roost.gateway.describe import (
@@ -120,6 +120,25 @@ def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> Non
     assert view.nodes()[0].free.resources.cpu_milli == 4000
     view.apply(snap("n1", 4, cpu=6000, sent=12.0))
     assert view.nodes()[0].free.resources.cpu_milli == 6000
+
+
+@pytest.mark.parametrize(
+    ("models", "devices", "free_after"),
+    [
+        (("V100M16", "V100M32"), (), (1000, 0, 1000)),  # the first device of the set
+        (("V100M16", "V100M32"), (2,), (1000, 1000, 0)),  # placement chose device 2
+        (("V100M16", "V100M32"), (0,), (1000, 0, 1000)),  # a T4 is not in the set
+        ((), (), (0, 1000, 1000)),  # any model: the first device
+    ],
+)
+def test_holds_with_a_gpu_model_set_take_devices_of_the_set(
+    models: tuple[str, ...], devices: tuple[int, ...], free_after: tuple[int, ...]
+) -> None:
+    view = CapacityView(Clock())
+    view.apply(snap("n1", 1, gpu_free=[1000] * 3, gpu_models=["T4", "V100M16", "V100M32"]))
+    v100 = InstanceType("x.v100", 1000, 1024, gpu_count=1, gpu_models=models)
+    view.hold("n1", v100, devices)
+    assert view.nodes()[0].free.gpu_free == free_after
 
 
 def test_the_view_says_full_only_on_every_live_nodes_own_word() -> None:

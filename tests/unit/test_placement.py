@@ -77,7 +77,7 @@ def test_gpu_choices(gpus: tuple[int, ...], itype: InstanceType, expected: list[
 
 def test_gpu_choices_respect_the_model() -> None:
     cap = FreeCapacity(Resources(64_000, 1 << 20), (1000, 1000), ("T4", "A10"))
-    t = InstanceType("x.a10", 1000, 1024, gpu_milli=500, gpu_model="A10")
+    t = InstanceType("x.a10", 1000, 1024, gpu_milli=500, gpu_models=("A10",))
     assert gpu_choices(cap, t) == [((1, 500),)]
 
 
@@ -231,14 +231,14 @@ requests = st.builds(
         mem,
         gpu_count=n if kind == "whole" else 0,
         gpu_milli=milli if kind == "slice" else 0,
-        gpu_model=model,
+        gpu_models=model,
     ),
     st.integers(1, 16_000),
     st.integers(1, 32_768),
     st.sampled_from(["none", "whole", "slice"]),
     st.integers(1, 3),
     st.sampled_from([100, 250, 500, 900]),
-    st.sampled_from(["", "A10"]),
+    st.sampled_from([(), ("A10",), ("A10", "T4")]),
 )
 
 

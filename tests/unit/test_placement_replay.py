@@ -94,8 +94,21 @@ def test_pod_types_follow_the_protocol() -> None:
     assert pod_type(1000, 10, 1, 1000, "").gpu_count == 1
     assert pod_type(1000, 10, 1, 470, "").gpu_milli == 470
     assert pod_type(1000, 10, 0, 0, "").gpu_total_milli == 0
-    with pytest.raises(ValueError, match="several models"):
-        pod_type(1000, 10, 1, 1000, "V100M16|V100M32")
+    assert pod_type(1000, 10, 1, 470, "T4").gpu_models == ("T4",)
+    # A spec with "|" is a set, any of which will do; upstream repeats a model at times.
+    several = pod_type(1000, 10, 2, 1000, "V100M32|V100M16|V100M32")
+    assert several.gpu_models == ("V100M16", "V100M32") and several.gpu_count == 2
+
+
+def test_pods_with_the_same_model_set_share_one_type(tmp_path: Path) -> None:
+    head = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time"
+    rows = ["p0,1000,10,1,500,V100M16|V100M32,LS,Running,1",
+            "p1,1000,10,1,500,V100M32|V100M16|V100M32,LS,Running,2",
+            "p2,1000,10,1,500,V100M16,LS,Running,3"]
+    path = tmp_path / "pods.csv"
+    path.write_text("\n".join([head, *rows]) + "\n")
+    a, b, c = load_pods(path)
+    assert a is b and a.gpu_models == ("V100M16", "V100M32") and c.gpu_models == ("V100M16",)
 
 
 def tiny_trace() -> VmTrace:

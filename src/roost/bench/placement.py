@@ -37,7 +37,7 @@ from roost.bench.traces import (
     load_pods,
     load_published,
 )
-from roost.decide.placement import POLICIES, NodeView, Policy, make_policy
+from roost.decide.placement import POLICIES, NodeView, Policy, gpu_inventory, make_policy
 from roost.decide.workload import Workload
 from roost.domain.catalog import InstanceType
 
@@ -73,9 +73,12 @@ def seeds_text(seeds: Sequence[int]) -> str:
     return ",".join(map(str, seeds))
 
 
-def _policy_factory(name: str) -> fgd_protocol.PolicyFactory:
+def _policy_factory(name: str, nodes: Sequence[NodeView]) -> fgd_protocol.PolicyFactory:
+    """Policies as the gateway builds them: on the workload and the cluster's GPUs."""
+    inventory = gpu_inventory(nodes)
+
     def make(workload: Workload | None) -> Policy:
-        return make_policy(name, workload)
+        return make_policy(name, workload, inventory)
 
     return make
 
@@ -89,8 +92,8 @@ def _one_run(
     shuffled: bool,
     online: bool,
 ) -> fgd_protocol.RunResult:
-    return fgd_protocol.run(nodes, pods, _policy_factory(name), seed=seed, inflation=inflation,
-                            shuffled=shuffled, online=online)
+    return fgd_protocol.run(nodes, pods, _policy_factory(name, nodes), seed=seed,
+                            inflation=inflation, shuffled=shuffled, online=online)
 
 
 def resolve(path: Path, data_dir: Path) -> Path:
@@ -164,7 +167,8 @@ def run_benchmark(
                 for seed in seeds:
                     started = time.perf_counter()
                     res = fgd_protocol.run(
-                        nodes, pods, _policy_factory(name), seed=seed, inflation=inflation,
+                        nodes, pods, _policy_factory(name, nodes), seed=seed,
+                        inflation=inflation,
                         shuffled=shuffled, online=online, progress=advance,
                     )
                     elapsed[name] += time.perf_counter() - started

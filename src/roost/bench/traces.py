@@ -69,14 +69,16 @@ def load_nodes(path: Path) -> list[NodeView]:
 def pod_type(cpu_milli: int, mem_mib: int, num_gpu: int, gpu_milli: int, spec: str) -> InstanceType:
     """A pod request as an instance type, following the FGD protocol: ``num_gpu > 1``
     whole GPUs; ``num_gpu == 1`` a ``gpu_milli`` share of one device (1000 is a whole
-    one); ``num_gpu == 0`` none. A GPU type constraint names one model."""
-    if "|" in spec:
-        raise ValueError(f"GPU spec {spec!r} names several models; roost types name one")
-    name = f"openb.c{cpu_milli}-m{mem_mib}-g{num_gpu}x{gpu_milli}{'-' + spec if spec else ''}"
+    one); ``num_gpu == 0`` none. ``spec`` is the pod's GPU model constraint: empty for
+    any model, else one model or several joined by ``|``, any of which will do."""
+    models = tuple(sorted({m for m in spec.split("|") if m}))
+    name = f"openb.c{cpu_milli}-m{mem_mib}-g{num_gpu}x{gpu_milli}"
+    if models:
+        name += "-" + "-".join(m.lower() for m in models)
     if num_gpu > 1 or (num_gpu == 1 and gpu_milli >= GPU_MILLI):
-        return InstanceType(name, cpu_milli, mem_mib, gpu_count=num_gpu, gpu_model=spec)
+        return InstanceType(name, cpu_milli, mem_mib, gpu_count=num_gpu, gpu_models=models)
     if num_gpu == 1:
-        return InstanceType(name, cpu_milli, mem_mib, gpu_milli=gpu_milli, gpu_model=spec)
+        return InstanceType(name, cpu_milli, mem_mib, gpu_milli=gpu_milli, gpu_models=models)
     return InstanceType(name, cpu_milli, mem_mib)
 
 
@@ -91,12 +93,13 @@ def load_pods(path: Path) -> list[InstanceType]:
         rows.sort(key=lambda r: int(r["creation_time"] or 0))
     pods = []
     for row in rows:
+        spec = "|".join(sorted({m for m in (row.get("gpu_spec") or "").split("|") if m}))
         key = (
             int(row["cpu_milli"]),
             int(row["memory_mib"]),
             int(row["num_gpu"]),
             int(row["gpu_milli"]),
-            row.get("gpu_spec", "") or "",
+            spec,
         )
         t = shapes.get(key)
         if t is None:

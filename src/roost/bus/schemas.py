@@ -179,7 +179,8 @@ class TypeInfo(Msg):
     mem_mib: int
     gpu_count: int = 0
     gpu_milli: int = 0
-    gpu_model: str = ""
+    gpu_model: str = ""  # the first of gpu_models, for gateways that read only this
+    gpu_models: list[str] = []  # any of these models; empty for any
     free: int = 0
 
 

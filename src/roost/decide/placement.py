@@ -22,6 +22,7 @@ from typing import Generic, Protocol, TypeVar
 from roost.decide.workload import (
     Demand,
     GpuFragmentation,
+    GpuInventory,
     UsableCapacity,
     UsableResources,
     Workload,
@@ -263,20 +264,28 @@ class RoostPolicy:
     least aligned with the request.
 
     Ties break by node id; the device for a slice is the best-scoring one. Without a
-    workload, M is the request itself; the gateway should pass recent launches.
+    workload, M is the request itself; the gateway should pass recent launches. Given
+    the cluster's GPU ``inventory`` (devices per model), U weighs shapes limited to some
+    models by how scarce those are (`UsableCapacity`).
     """
 
     randomized = False
     FRAGMENTATION_WEIGHT = 9  # : 1 for usable capacity
 
-    def __init__(self, workload: Workload | None = None, *, name: str = "roost") -> None:
+    def __init__(
+        self,
+        workload: Workload | None = None,
+        *,
+        name: str = "roost",
+        inventory: GpuInventory = (),
+    ) -> None:
         self.name = name
+        self.inventory = inventory
         self._measures = _Measures(workload, self._build)
 
-    @staticmethod
-    def _build(workload: Workload) -> _RoostMeasures:
-        return (GpuFragmentation(workload.typical(0.95)), UsableCapacity(workload),
-                UsableResources(workload))
+    def _build(self, workload: Workload) -> _RoostMeasures:
+        return (GpuFragmentation(workload.typical(0.95)),
+                UsableCapacity(workload, self.inventory), UsableResources(workload))
 
     def _measures_for(self, itype: InstanceType) -> _RoostMeasures:
         return self._measures.for_request(itype)
@@ -323,10 +332,22 @@ WORKLOAD_POLICIES = ("roost", "fgd")
 DEFAULT_POLICY = "roost"
 
 
+def gpu_inventory(nodes: Sequence[NodeView]) -> GpuInventory:
+    """GPU devices per model over ``nodes``, free or not, sorted by model."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        for m in n.free.gpu_models:
+            counts[m] = counts.get(m, 0) + 1
+    return tuple(sorted(counts.items()))
+
+
 @lru_cache(maxsize=64)
-def make_policy(name: str, workload: Workload | None = None) -> Policy:
+def make_policy(
+    name: str, workload: Workload | None = None, inventory: GpuInventory = ()
+) -> Policy:
     """The policy called ``name``; workload-aware ones (FGD) measure against
-    ``workload``. Cached, so a policy's memoised measures survive between calls."""
+    ``workload``, and roost against the cluster's GPU ``inventory`` too. Cached, so a
+    policy's memoised measures survive between calls."""
     if name == "anycast":
         return ScoredPolicy("anycast", _no_preference, randomized=True)
     if name in SCORED:
@@ -334,7 +355,7 @@ def make_policy(name: str, workload: Workload | None = None) -> Policy:
     if name == "fgd":
         return FgdPolicy(workload)
     if name == "roost":
-        return RoostPolicy(workload)
+        return RoostPolicy(workload, inventory=inventory)
     known = ", ".join(POLICIES)
     raise ValueError(f"unknown placement policy {name!r}; known: {known}")
 
@@ -351,8 +372,10 @@ def placements(
     rng: random.Random | None = None,
     workload: Workload | None = None,
 ) -> list[Placement]:
-    """Every node that fits ``itype``, best first, with the devices to use on each."""
-    pol = make_policy(policy, workload) if isinstance(policy, str) else policy
+    """Every node that fits ``itype``, best first, with the devices to use on each. A
+    policy named by ``policy`` sees the GPU inventory of ``nodes``."""
+    pol = (make_policy(policy, workload, gpu_inventory(nodes)) if isinstance(policy, str)
+           else policy)
     found = [
         Placement(n, c.gpus, c.score) for n in nodes if (c := pol.choose(n, itype)) is not None
     ]

@@ -35,14 +35,16 @@ class Demand:
     mem_mib: int
     gpu_count: int = 0
     gpu_milli: int = 0
-    gpu_model: str = ""
+    gpu_models: tuple[str, ...] = ()
+    """Any of these models; empty for any model (as `InstanceType.gpu_models`)."""
 
     @classmethod
     def of(cls, itype: InstanceType) -> Demand:
+        models = itype.gpu_models
         if itype.gpu_count:
-            return cls(itype.cpu_milli, itype.mem_mib, itype.gpu_count, GPU_MILLI, itype.gpu_model)
+            return cls(itype.cpu_milli, itype.mem_mib, itype.gpu_count, GPU_MILLI, models)
         if itype.gpu_milli:
-            return cls(itype.cpu_milli, itype.mem_mib, 1, itype.gpu_milli, itype.gpu_model)
+            return cls(itype.cpu_milli, itype.mem_mib, 1, itype.gpu_milli, models)
         return cls(itype.cpu_milli, itype.mem_mib)
 
     @property
@@ -55,9 +57,11 @@ class Demand:
         cpu, mem = max(1, self.cpu_milli), max(1, self.mem_mib)
         name = f"demand.c{cpu}-m{mem}-g{self.gpu_count}x{self.gpu_milli}"
         if self.gpu_count and self.gpu_milli >= GPU_MILLI:
-            return InstanceType(name, cpu, mem, gpu_count=self.gpu_count, gpu_model=self.gpu_model)
+            return InstanceType(name, cpu, mem, gpu_count=self.gpu_count,
+                                gpu_models=self.gpu_models)
         if self.gpu_count:
-            return InstanceType(name, cpu, mem, gpu_milli=self.gpu_milli, gpu_model=self.gpu_model)
+            return InstanceType(name, cpu, mem, gpu_milli=self.gpu_milli,
+                                gpu_models=self.gpu_models)
         return InstanceType(name, cpu, mem)
 
 
@@ -97,7 +101,7 @@ class Workload:
         merged: dict[Demand, float] = {}
         for d, share in self.mix:
             mem = d.mem_mib if memory else 0
-            key = Demand(d.cpu_milli, mem, d.gpu_count, d.gpu_milli, d.gpu_model)
+            key = Demand(d.cpu_milli, mem, d.gpu_count, d.gpu_milli, d.gpu_models)
             merged[key] = merged.get(key, 0.0) + share
         ordered = sorted(merged.items(), key=lambda kv: (-kv[1], kv[0]))
         kept: list[tuple[Demand, float]] = []
@@ -148,13 +152,16 @@ _WEIGHT_SCALE = 1 << 24
 
 
 class _Group:
-    """Shapes that ask the same devices (count, milli, model), by CPU ask. Shares are
-    held as integer weights so that sums are exact and equal states score equal."""
+    """Shapes that ask the same devices (count, milli, accepted models), by CPU ask.
+    Shares are held as integer weights so that sums are exact and equal states score
+    equal."""
 
-    __slots__ = ("count", "cpus", "cum", "mems", "milli", "model", "weights")
+    __slots__ = ("count", "cpus", "cum", "mems", "milli", "models", "weights")
 
-    def __init__(self, count: int, milli: int, model: str, shapes: list[tuple[Demand, int]]):
-        self.count, self.milli, self.model = count, milli, model
+    def __init__(
+        self, count: int, milli: int, models: tuple[str, ...], shapes: list[tuple[Demand, int]]
+    ):
+        self.count, self.milli, self.models = count, milli, models
         shapes = sorted(shapes, key=lambda ds: (ds[0].cpu_milli, ds[0].mem_mib))
         self.cpus = [d.cpu_milli for d, _ in shapes]
         self.mems = [d.mem_mib for d, _ in shapes]
@@ -174,17 +181,18 @@ class GpuFragmentation:
     def __init__(self, workload: Workload, *, memory: bool = False) -> None:
         self.workload = workload
         self.memory = memory
-        groups: dict[tuple[int, int, str], list[tuple[Demand, int]]] = {}
+        groups: dict[tuple[int, int, tuple[str, ...]], list[tuple[Demand, int]]] = {}
         self._total_weight = 0
         for d, share in workload.mix:
             weight = round(share * _WEIGHT_SCALE)
             self._total_weight += weight
             if d.gpu_count:
-                groups.setdefault((d.gpu_count, d.gpu_milli, d.gpu_model), []).append((d, weight))
+                key = (d.gpu_count, d.gpu_milli, d.gpu_models)
+                groups.setdefault(key, []).append((d, weight))
         # Larger per-device asks first: a node that can't serve 470 milli can't serve 810.
         self._groups = [
-            _Group(c, m, model, shapes)
-            for (c, m, model), shapes in sorted(groups.items(), key=lambda kv: -kv[0][1])
+            _Group(c, m, models, shapes)
+            for (c, m, models), shapes in sorted(groups.items(), key=lambda kv: -kv[0][1])
         ]
         self._memo: dict[tuple[int, int, tuple[int, ...], tuple[str, ...]], int] = {}
 
@@ -225,7 +233,7 @@ class GpuFragmentation:
                 continue
             count = milli = 0
             for f, model in zip(gpu_free, models, strict=True):
-                if f >= g.milli and (not g.model or model == g.model):
+                if f >= g.milli and (not g.models or model in g.models):
                     count += 1
                     milli += f
             if count < g.count:
@@ -242,6 +250,21 @@ class GpuFragmentation:
         return total * self._total_weight - usable
 
 
+GpuInventory = tuple[tuple[str, int], ...]
+"""``((model, devices), ...)``: how many GPU devices of each model a cluster has."""
+
+
+def scarcity(demand: Demand, inventory: GpuInventory) -> float:
+    """How many times scarcer the devices ``demand`` may use are than the cluster's GPUs:
+    all devices over those of its models (1 for a shape that takes any model, or when
+    the cluster has none of them: such a shape fits nowhere, so its weight is moot)."""
+    total = sum(n for _, n in inventory)
+    if not demand.gpu_models or not total:
+        return 1.0
+    reach = sum(n for m, n in inventory if m in demand.gpu_models)
+    return total / reach if reach else 1.0
+
+
 class UsableCapacity:
     """How much GPU a node can still give the workload, counted in whole requests.
 
@@ -252,16 +275,26 @@ class UsableCapacity:
     more request run here?", this asks "how many?": it sees a node whose CPU runs out
     before its GPUs do, and the remainder a slice leaves on a device. Memoised, and
     exact (integer weights), like `GpuFragmentation.weighted`.
+
+    Given the cluster's ``inventory``, a shape limited to some GPU models weighs its
+    share times its `scarcity` (the mean stays a mean: weights are renormalised): room
+    for a shape that may use 4% of the cluster's GPUs is worth 25 times room for one
+    that may use any, per request expected. So a request that could go anywhere leaves
+    the scarce models to the requests that need them, which no one node can see: it is
+    the cluster's device mix against the workload's. With no model sets in the workload
+    every factor is 1 and U is exactly as without an inventory.
     """
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, inventory: GpuInventory = ()) -> None:
         self.workload = workload
         self._shapes = [
-            (d.as_type(), round(share * _WEIGHT_SCALE) * d.gpu_total_milli)
+            (d.as_type(),
+             round(share * _WEIGHT_SCALE * scarcity(d, inventory)) * d.gpu_total_milli)
             for d, share in workload.mix
             if d.gpu_count
         ]
-        self.total_weight = sum(round(share * _WEIGHT_SCALE) for _, share in workload.mix)
+        self.total_weight = sum(round(share * _WEIGHT_SCALE * scarcity(d, inventory))
+                                for d, share in workload.mix)
         self._memo: dict[tuple[int, int, tuple[int, ...], tuple[str, ...]], int] = {}
 
     def weighted(self, cap: FreeCapacity) -> int:

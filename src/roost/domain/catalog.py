@@ -27,9 +27,22 @@ class InstanceType:
     mem_mib: int
     gpu_count: int = 0
     gpu_milli: int = 0
-    gpu_model: str = ""
+    gpu_models: tuple[str, ...] = ()
+    """The GPU models a device may be, any of them; empty means any model. Kept sorted
+    and without repeats, so that two types accepting the same set compare equal."""
     pids_max: int = 0
     """The most processes one instance may run; 0 means the node's default (4096)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpu_models, str):  # a lone name would become its letters
+            raise TypeError(f"{self.name}: gpu_models is a tuple of names, not a str")
+        models = tuple(sorted(set(self.gpu_models)))
+        if models != self.gpu_models:
+            object.__setattr__(self, "gpu_models", models)
+
+    def accepts_model(self, model: str) -> bool:
+        """Whether a device of ``model`` can serve this type's GPU ask."""
+        return not self.gpu_models or model in self.gpu_models
 
     @property
     def resources(self) -> Resources:
@@ -57,6 +70,8 @@ class InstanceType:
             raise ValueError(f"{self.name}: gpu_milli must be in [0, 1000) and gpus >= 0")
         if self.gpu_count and self.gpu_milli:
             raise ValueError(f"{self.name}: ask for whole GPUs or a fraction, not both")
+        if any(not m or "|" in m for m in self.gpu_models):
+            raise ValueError(f"{self.name}: GPU model names must be non-empty, without '|'")
         if self.pids_max < 0 or 0 < self.pids_max < 8:
             raise ValueError(f"{self.name}: pids must be at least 8 (or 0 for the default)")
 
@@ -146,7 +161,8 @@ def parse_types_toml(text: str) -> list[InstanceType]:
         memory_gib = 48    # or memory_mib = 49152
         gpus = 0           # whole GPUs, or
         gpu_fraction = 0.5 # a slice of one GPU
-        gpu_model = "A10G"
+        gpu_model = "A10G"  # or any of several models:
+        gpu_models = ["V100M16", "V100M32"]
         pids = 512         # the most processes one instance may run (default 4096)
 
     Raises ValueError naming the type and field at fault.
@@ -178,8 +194,22 @@ def parse_types_toml(text: str) -> list[InstanceType]:
             raise ValueError(f"types.{name}: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError):
             raise ValueError(f"types.{name}: numeric fields must be numbers") from None
-        t = InstanceType(name, cpu, mem, gpus, frac, str(spec.get("gpu_model", "")),
-                         pids_max=pids)
+        t = InstanceType(name, cpu, mem, gpus, frac, _models(name, spec), pids_max=pids)
         t.validate()
         out.append(t)
     return out
+
+
+def _models(name: str, spec: dict[str, object]) -> tuple[str, ...]:
+    """``gpu_model = "X"`` (a set of one) or ``gpu_models = ["X", "Y"]``, not both."""
+    if "gpu_model" in spec and "gpu_models" in spec:
+        raise ValueError(f"types.{name}: give gpu_model or gpu_models, not both")
+    if "gpu_model" in spec:
+        one = spec["gpu_model"]
+        if not isinstance(one, str):
+            raise ValueError(f"types.{name}: gpu_model must be a string")
+        return (one,) if one else ()
+    many = spec.get("gpu_models", [])
+    if not isinstance(many, list) or not all(isinstance(m, str) for m in many):
+        raise ValueError(f"types.{name}: gpu_models must be a list of strings")
+    return tuple(str(m) for m in many)

@@ -31,7 +31,8 @@ class FreeCapacity:
 
 
 def _model_ok(cap: FreeCapacity, i: int, itype: InstanceType) -> bool:
-    return not itype.gpu_model or cap.gpu_models[i] == itype.gpu_model
+    """Device ``i`` is of a model ``itype`` accepts (any, when it names none)."""
+    return itype.accepts_model(cap.gpu_models[i])
 
 
 def assign_gpus(cap: FreeCapacity, itype: InstanceType) -> GpuAssignment | None:
@@ -84,14 +85,15 @@ def gpu_choices(cap: FreeCapacity, itype: InstanceType) -> list[GpuAssignment]:
 
     `assign_gpus` picks one of these by a fixed rule (best fit); a placement policy that
     weighs devices itself (FGD chooses the device that fragments least) picks among all
-    of them. Whole-GPU asks have one choice, since all fully free devices of a model are
-    alike. For a fraction there is one choice per distinct (free milli, model) among the
-    devices that hold it, lowest index first; two devices alike in both are interchangeable.
-    A type with no GPU ask has the single empty choice.
+    of them. For whole GPUs, fully free devices of one model are alike: when the type
+    accepts several models present on the node, there is one choice per model that
+    alone has enough devices (lowest indices of it), else the single lowest-index
+    choice `assign_gpus` makes. For a fraction there is one choice per distinct (free
+    milli, model) among the devices that hold it, lowest index first; two devices alike
+    in both are interchangeable. A type with no GPU ask has the single empty choice.
     """
     if itype.gpu_count:
-        one = assign_gpus(cap, itype)
-        return [] if one is None else [one]
+        return _whole_choices(cap, itype)
     if itype.gpu_milli:
         seen: set[tuple[int, str]] = set()
         out: list[GpuAssignment] = []
@@ -102,6 +104,20 @@ def gpu_choices(cap: FreeCapacity, itype: InstanceType) -> list[GpuAssignment]:
                 out.append(((i, itype.gpu_milli),))
         return out
     return [()]
+
+
+def _whole_choices(cap: FreeCapacity, itype: InstanceType) -> list[GpuAssignment]:
+    by_model: dict[str, list[int]] = {}
+    for i, f in enumerate(cap.gpu_free):
+        if f == GPU_MILLI and _model_ok(cap, i, itype):
+            by_model.setdefault(cap.gpu_models[i], []).append(i)
+    if len(by_model) > 1:
+        out = [tuple((i, GPU_MILLI) for i in devices[: itype.gpu_count])
+               for devices in by_model.values() if len(devices) >= itype.gpu_count]
+        if out:
+            return out
+    one = assign_gpus(cap, itype)
+    return [] if one is None else [one]
 
 
 def fits(cap: FreeCapacity, itype: InstanceType) -> bool:

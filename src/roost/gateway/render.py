@@ -246,12 +246,13 @@ def instance_status(page: Paged[InstanceRecord], request_id: str) -> str:
 
 
 def _gpu_info(t: InstanceType) -> Fragment:
+    """One entry per GPU model the type accepts (any one of them will do)."""
     if not t.gpu_total_milli:
         return Fragment("")
     count = t.gpu_count or 1
-    gpu = (text("name", t.gpu_model or "GPU") + text("manufacturer", "NVIDIA")
-           + text("count", count))
-    return node("gpuInfo", items("gpus", [gpu]))
+    gpus = [text("name", m) + text("manufacturer", "NVIDIA") + text("count", count)
+            for m in t.gpu_models or ("GPU",)]
+    return node("gpuInfo", items("gpus", gpus))
 
 
 def instance_type(t: InstanceType) -> str:

@@ -19,9 +19,11 @@ FAN_OUT_SECONDS = 0.5
 
 
 def from_info(info: TypeInfo) -> InstanceType | None:
-    t = InstanceType(info.name, info.cpu_milli, info.mem_mib, info.gpu_count, info.gpu_milli,
-                     info.gpu_model)
+    """A type as a node describes it; a node from before model sets sends one model."""
+    models = info.gpu_models or ([info.gpu_model] if info.gpu_model else [])
     try:
+        t = InstanceType(info.name, info.cpu_milli, info.mem_mib, info.gpu_count,
+                         info.gpu_milli, tuple(models))
         t.validate()
     except ValueError:
         return None

@@ -599,7 +599,8 @@ class NodeAgent:
         counts = {} if self.draining else self.ledger.fit_counts()
         types = [
             s.TypeInfo(name=t.name, cpu_milli=t.cpu_milli, mem_mib=t.mem_mib,
-                       gpu_count=t.gpu_count, gpu_milli=t.gpu_milli, gpu_model=t.gpu_model,
+                       gpu_count=t.gpu_count, gpu_milli=t.gpu_milli,
+                       gpu_model=next(iter(t.gpu_models), ""), gpu_models=list(t.gpu_models),
                        free=counts.get(t.name, 0))
             for t in self.config.catalog.values()
         ]
