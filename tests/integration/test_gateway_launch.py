@@ -355,3 +355,16 @@ async def test_concurrent_repeats_of_one_token_launch_once(gateway: Gateway, bus
     assert {r.status_code for r in replies} == {200}
     ids: set[Any] = {r.text.split("<instanceId>")[1].split("<")[0] for r in replies}
     assert len(ids) == 1 and len(node.launches) == 1
+
+
+async def test_a_node_with_room_that_does_not_answer_is_not_a_capacity_answer(
+        gateway: Gateway, bus: Client) -> None:
+    """The view says n1 has room, but nothing listens on its subjects (NATS restarted
+    and the node has not re-subscribed yet, or it just died): a retryable 503, never a
+    false InsufficientInstanceCapacity."""
+    ghost = ScriptedNode(bus, "ghost", free_cpu=16000, on_launch=lambda r: "ok")
+    await ghost.publish(1)  # a snapshot, and no subscriptions
+    await until_live(gateway, 1)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 503 and "ServiceUnavailable" in resp.text, resp.text
+    assert "ghost" in resp.text and "not a capacity answer" in resp.text

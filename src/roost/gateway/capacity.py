@@ -196,6 +196,16 @@ class CapacityView:
         now = self._clock()
         return {t for n in self._nodes.values() if self._live(n, now) for t in n.snap.fit}
 
+    def silent_with_room(self, type_name: str) -> list[str]:
+        """Nodes heard from lately (not yet forgotten) but silent now, whose last snapshot
+        said they fit one more ``type_name``. While there are any, "no responders" may be
+        a bus in flux (a NATS restart the nodes have not reconnected from), not a full
+        cluster."""
+        now = self._clock()
+        return sorted(n.snap.node_id for n in self._nodes.values()
+                      if not self._live(n, now) and now - n.seen_at <= FORGET_AFTER
+                      and n.snap.fit.get(type_name, 0) > 0 and not n.snap.draining)
+
     def live_count(self) -> int:
         now = self._clock()
         return sum(1 for n in self._nodes.values() if self._live(n, now))

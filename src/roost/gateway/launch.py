@@ -178,10 +178,9 @@ class Launcher:
                 continue
             if (rec := self._settle(reply, attempts, ANYCAST)) is not None:
                 return rec
-        raise InsufficientInstanceCapacity(
-            f"Insufficient capacity for {req.instance_type}: no node can fit it now "
-            f"({describe_attempts(attempts)})."
-        )
+        raise _no_room(attempts, self._view.silent_with_room(req.instance_type),
+                       f"Insufficient capacity for {req.instance_type}: no node can fit it "
+                       f"now ({describe_attempts(attempts)}).")
 
     @property
     def window(self) -> WorkloadWindow:
@@ -234,10 +233,9 @@ class Launcher:
         if zone and zones != {zone}:
             # Anycast cannot honour a zone; with other zones in the cluster it might
             # place the instance in one of them.
-            raise InsufficientInstanceCapacity(
-                f"Insufficient capacity for {req.instance_type} in {zone} "
-                f"({describe_attempts(attempts)})."
-            )
+            raise _no_room(attempts, self._view.silent_with_room(req.instance_type),
+                           f"Insufficient capacity for {req.instance_type} in {zone} "
+                           f"({describe_attempts(attempts)}).")
         return await self._anycast(req, attempts)
 
     async def launch_many(
@@ -296,3 +294,17 @@ class Launcher:
 
         await asyncio.gather(*(kill(r) for r in records))
         self._metrics.launches.labels("rolled_back").inc(len(records))
+
+
+def _no_room(attempts: Sequence[Attempt], silent: Sequence[str], message: str) -> RoostError:
+    """The answer when nothing took the launch. A node the capacity view counts as live
+    that had no responder on the bus ("gone"), or nodes that had room and went quiet
+    (``silent``), mean the bus or the nodes are in flux (a NATS restart the nodes have
+    not reconnected from yet, a node that just died): that is not a capacity answer, so
+    the caller gets a retryable 503 instead of a false InsufficientInstanceCapacity."""
+    gone = [a.node_id for a in attempts if a.outcome == "gone"] + list(silent)
+    if gone:
+        return ServiceUnavailable(
+            f"Nodes that had room did not answer on the bus ({', '.join(gone)}); not a "
+            f"capacity answer, retry. ({describe_attempts(attempts)})")
+    return InsufficientInstanceCapacity(message)
