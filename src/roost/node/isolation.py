@@ -18,8 +18,10 @@ never pretends.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,10 +88,20 @@ class Isolation:
         hide = ["--tmpfs", str(self.data_dir)] if self.data_dir is not None else []
         return [
             self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", *hide, "--bind", str(workdir), str(workdir),
+            "--tmpfs", "/tmp", *_keep_under_tmp(), *hide, "--bind", str(workdir), str(workdir),
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--chdir", str(workdir),
             "--", *argv,
         ]
+
+
+def _keep_under_tmp() -> list[str]:
+    """The private /tmp would hide a Python that lives under /tmp (a virtualenv in a
+    checkout there), which the python image runs user data with: bind it back, read-only."""
+    keep: set[str] = set()
+    for path in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))):
+        if Path(path).is_relative_to("/tmp"):
+            keep.add(path)
+    return [arg for path in sorted(keep) for arg in ("--ro-bind", path, path)]
 
 
 def _bwrap_works(bwrap: str) -> str:
