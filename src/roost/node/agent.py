@@ -13,7 +13,7 @@ import secrets
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +22,6 @@ from wsgiref.simple_server import WSGIServer
 
 import msgspec
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from roost.bus import schemas as s
@@ -46,7 +45,6 @@ from roost.node.subscriptions import TypeSubscriptions
 
 log = logging.getLogger(__name__)
 St = InstanceState
-Handler = Callable[[Msg], Awaitable[None]]
 
 
 @dataclass
