@@ -37,6 +37,10 @@ from roost.node.isolation import Isolation, limits_for
 log = logging.getLogger(__name__)
 
 _IDLE = "exec sleep 2147483647\n"  # an instance with no user data idles, like a booted host
+_LEFT_RUNNING: list[asyncio.subprocess.Process] = []
+"""Handles of instances still running when their agent stopped. Instances outlive the
+agent by design (the next one re-adopts them); a handle collected while its process
+runs would only make asyncio warn, and closing it would kill the instance."""
 _JOIN_SECONDS = 10.0
 _KILL_ROUNDS = 200  # SIGKILL rounds, 50 ms apart, before a group that won't empty is reported
 
@@ -53,6 +57,7 @@ class ProcessDriver:
         self._mem_mib: dict[str, int] = {}
         self._oom_base: dict[str, int] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._stopping: set[str] = set()
 
     @property
@@ -108,12 +113,16 @@ class ProcessDriver:
         ticks = start_ticks(proc.pid)
         ref = ProcessRef(proc.pid, ticks if ticks is not None else -1)
         self._refs[iid] = ref
+        self._procs[iid] = proc
         self._watchers[iid] = asyncio.create_task(self._wait_child(iid, proc, on_exit))
         return ref
 
     async def _wait_child(self, iid: str, proc: asyncio.subprocess.Process,
                           on_exit: ExitCallback) -> None:
-        await self._ended(iid, await proc.wait(), on_exit)
+        code = await proc.wait()
+        if self._procs.get(iid) is proc:
+            del self._procs[iid]
+        await self._ended(iid, code, on_exit)
 
     async def _ended(self, iid: str, code: int | None, on_exit: ExitCallback) -> None:
         """The main program ended. Unless a stop is under way (it cleans up itself), the
@@ -240,6 +249,8 @@ class ProcessDriver:
             task.cancel()
         await asyncio.gather(*self._watchers.values(), return_exceptions=True)
         self._watchers.clear()
+        _LEFT_RUNNING.extend(p for p in self._procs.values() if p.returncode is None)
+        self._procs.clear()
         groups = self._iso.cgroups
         if groups is not None and not groups.instance_ids():
             # Nothing of this node's left running: leave no empty node group behind.
