@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import nats
 from nats.aio.client import Client
@@ -53,3 +53,26 @@ async def key_value(
             last = exc
             await asyncio.sleep(0.2)
     raise RuntimeError(f"JetStream KV bucket {bucket!r} unavailable: {last}")
+
+
+async def follow_bucket(kv: KeyValue, what: str, *, on_entry: Callable[[KeyValue.Entry], None],
+                        synced: asyncio.Event, meta_only: bool = False) -> None:
+    """Follow ``kv`` for good, handing each entry to ``on_entry``; ``synced`` is set once
+    the current contents have been delivered. Re-watches after any failure, with a short
+    backoff, so a mirror outlives a NATS restart. Runs until cancelled."""
+    while True:
+        try:
+            watcher = await kv.watchall(meta_only=meta_only)
+            try:
+                async for entry in watcher:
+                    if entry is None:
+                        synced.set()
+                        continue
+                    on_entry(entry)
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("watch of the %s bucket failed (%r); re-watching", what, exc)
+            await asyncio.sleep(1.0)

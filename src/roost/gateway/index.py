@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from roost.bus.connect import follow_bucket
 from roost.bus.schemas import InstanceRecord, decode
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
 
@@ -197,9 +199,9 @@ class InstanceIndex:
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._watch(self._records_kv, "records"), name="watch-records"),
-            asyncio.create_task(self._watch(self._tags_kv, "tags"), name="watch-tags"),
-            asyncio.create_task(self._watch(self._user_data_kv, "user_data", meta_only=True),
+            asyncio.create_task(self._follow(self._records_kv, "records"), name="watch-records"),
+            asyncio.create_task(self._follow(self._tags_kv, "tags"), name="watch-tags"),
+            asyncio.create_task(self._follow(self._user_data_kv, "user_data", meta_only=True),
                                 name="watch-user-data"),
         ]
 
@@ -213,24 +215,10 @@ class InstanceIndex:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _watch(self, kv: KeyValue, what: str, *, meta_only: bool = False) -> None:
-        """Follow ``kv`` for good: re-watch after any failure, with a short backoff."""
-        while True:
-            try:
-                watcher = await kv.watchall(meta_only=meta_only)
-                try:
-                    async for entry in watcher:
-                        if entry is None:
-                            self._synced[what].set()
-                            continue
-                        self._on_entry(what, entry)
-                finally:
-                    await watcher.stop()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("watch of %s bucket failed (%r); re-watching", what, exc)
-                await asyncio.sleep(1.0)
+    def _follow(self, kv: KeyValue, what: str, *, meta_only: bool = False
+                ) -> Coroutine[Any, Any, None]:
+        return follow_bucket(kv, what, on_entry=lambda e: self._on_entry(what, e),
+                             synced=self._synced[what], meta_only=meta_only)
 
     def _on_entry(self, what: str, entry: KeyValue.Entry) -> None:
         removed = entry.operation in (KV_DEL, KV_PURGE)

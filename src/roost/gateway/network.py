@@ -26,6 +26,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from roost.bus.connect import follow_bucket
 from roost.bus.schemas import InstanceRecord
 from roost.domain.errors import (
     InsufficientFreeAddressesInSubnet,
@@ -368,7 +369,7 @@ class NetworkStore:
     # -- watching --------------------------------------------------------------------
 
     def start(self, records: Callable[[], list[InstanceRecord]]) -> None:
-        self._tasks = [asyncio.create_task(self._watch(kv, what), name=f"watch-{what}")
+        self._tasks = [asyncio.create_task(self._follow(kv, what), name=f"watch-{what}")
                        for what, kv in self._kvs.items()]
         self._tasks.append(asyncio.create_task(self._sweeper(records), name="sweep-addresses"))
 
@@ -389,23 +390,9 @@ class NetworkStore:
             except Exception as exc:  # a sweep is best effort; the next one retries
                 log.warning("address sweep failed: %r", exc)
 
-    async def _watch(self, kv: KeyValue, what: str) -> None:
-        while True:
-            try:
-                watcher = await kv.watchall()
-                try:
-                    async for entry in watcher:
-                        if entry is None:
-                            self._synced[what].set()
-                            continue
-                        self._on_entry(what, entry)
-                finally:
-                    await watcher.stop()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("watch of %s bucket failed (%r); re-watching", what, exc)
-                await asyncio.sleep(1.0)
+    def _follow(self, kv: KeyValue, what: str) -> Coroutine[Any, Any, None]:
+        return follow_bucket(kv, what, on_entry=lambda e: self._on_entry(what, e),
+                             synced=self._synced[what])
 
     def _on_entry(self, what: str, entry: KeyValue.Entry) -> None:
         removed = entry.operation in (KV_DEL, KV_PURGE)

@@ -24,6 +24,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from roost.bus.connect import follow_bucket
 from roost.domain.errors import (
     MissingParameter,
     ServiceUnavailable,
@@ -211,7 +212,9 @@ class TemplateStore:
     # -- watching --------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._watch(), name="watch-templates")
+        self._task = asyncio.create_task(
+            follow_bucket(self._kv, "templates", on_entry=self._on_entry, synced=self._synced),
+            name="watch-templates")
 
     async def wait_synced(self, timeout: float) -> None:
         await asyncio.wait_for(self._synced.wait(), timeout)
@@ -220,24 +223,6 @@ class TemplateStore:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _watch(self) -> None:
-        while True:
-            try:
-                watcher = await self._kv.watchall()
-                try:
-                    async for entry in watcher:
-                        if entry is None:
-                            self._synced.set()
-                            continue
-                        self._on_entry(entry)
-                finally:
-                    await watcher.stop()  # type: ignore[no-untyped-call]
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("watch of the templates bucket failed (%r); re-watching", exc)
-                await asyncio.sleep(1.0)
 
     def _on_entry(self, entry: KeyValue.Entry) -> None:
         key = entry.key
