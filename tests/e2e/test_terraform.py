@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,36 +56,46 @@ def mirror() -> Path:
                     "ROOST_TF_PLUGIN_MIRROR to a filesystem mirror that holds it")
     return path
 
+Terraform = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def terraform_in(work: Path, cluster: ThreadedCluster, *, timeout: float) -> Terraform:
+    """``terraform`` run in ``work`` against ``cluster``: the provider from the offline
+    mirror only, the cluster's keys, no checkpoint calls and no IMDS lookups."""
+    (work / "cli.tfrc").write_text(
+        "provider_installation {\n"
+        f'  filesystem_mirror {{\n    path = "{mirror()}"\n'
+        '    include = ["registry.terraform.io/hashicorp/aws"]\n  }\n'
+        '  direct { exclude = ["registry.terraform.io/hashicorp/aws"] }\n}\n'
+    )
+    env = {
+        **os.environ,
+        "TF_CLI_CONFIG_FILE": str(work / "cli.tfrc"),
+        "TF_IN_AUTOMATION": "1",
+        "CHECKPOINT_DISABLE": "1",
+        "AWS_ACCESS_KEY_ID": cluster.key,
+        "AWS_SECRET_ACCESS_KEY": cluster.secret,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    env.pop("AWS_PROFILE", None)
+
+    def tf(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["terraform", *args, "-no-color"], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return tf
+
 
 @pytest.mark.timeout(600)  # two provider waits of >= 10 s each; slow on a busy machine
 def test_aws_instance_apply_destroy(tmp_path: Path) -> None:
-    plugins = mirror()
+    mirror()  # fails at once, saying how, when Terraform or the provider is missing
     cluster: ThreadedCluster = make_cluster(tmp_path / "cluster")
     try:
         work = tmp_path / "tf"
         work.mkdir()
-        (work / "cli.tfrc").write_text(
-            "provider_installation {\n"
-            f'  filesystem_mirror {{\n    path = "{plugins}"\n'
-            '    include = ["registry.terraform.io/hashicorp/aws"]\n  }\n'
-            '  direct { exclude = ["registry.terraform.io/hashicorp/aws"] }\n}\n'
-        )
         (work / "main.tf").write_text(MAIN_TF.format(
             version=PROVIDER_VERSION, endpoint=cluster.endpoint, image=IMAGE))
-        env = {
-            **os.environ,
-            "TF_CLI_CONFIG_FILE": str(work / "cli.tfrc"),
-            "TF_IN_AUTOMATION": "1",
-            "CHECKPOINT_DISABLE": "1",
-            "AWS_ACCESS_KEY_ID": cluster.key,
-            "AWS_SECRET_ACCESS_KEY": cluster.secret,
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
-        env.pop("AWS_PROFILE", None)
-
-        def tf(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(["terraform", *args, "-no-color"], cwd=work, env=env,
-                                  capture_output=True, text=True, timeout=300)
+        tf = terraform_in(work, cluster, timeout=300)
 
         for step in (["init", "-input=false"], ["apply", "-auto-approve", "-input=false"]):
             res = tf(*step)

@@ -4,15 +4,13 @@ then a plan shows no changes, then destroy leaves nothing behind."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from roost.gateway.keys import new_key_pair
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
-from tests.e2e.test_terraform import PROVIDER_VERSION, mirror
+from tests.e2e.test_terraform import PROVIDER_VERSION, mirror, terraform_in
 
 STACK_TF = """
 terraform {{
@@ -104,34 +102,15 @@ output "ip" {{ value = aws_instance.web.private_ip }}
 
 @pytest.mark.timeout(900)
 def test_terraform_stack_apply_plan_destroy(tmp_path: Path) -> None:
-    plugins = mirror()
+    mirror()  # fails at once, saying how, when Terraform or the provider is missing
     cluster: ThreadedCluster = make_cluster(tmp_path / "cluster", nodes=2)
     try:
         work = tmp_path / "tf"
         work.mkdir()
-        (work / "cli.tfrc").write_text(
-            "provider_installation {\n"
-            f'  filesystem_mirror {{\n    path = "{plugins}"\n'
-            '    include = ["registry.terraform.io/hashicorp/aws"]\n  }\n'
-            '  direct { exclude = ["registry.terraform.io/hashicorp/aws"] }\n}\n'
-        )
         (work / "main.tf").write_text(STACK_TF.format(
             version=PROVIDER_VERSION, endpoint=cluster.endpoint, image=IMAGE,
             public_key=new_key_pair("ed25519").public_key))
-        env = {
-            **os.environ,
-            "TF_CLI_CONFIG_FILE": str(work / "cli.tfrc"),
-            "TF_IN_AUTOMATION": "1",
-            "CHECKPOINT_DISABLE": "1",
-            "AWS_ACCESS_KEY_ID": cluster.key,
-            "AWS_SECRET_ACCESS_KEY": cluster.secret,
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
-        env.pop("AWS_PROFILE", None)
-
-        def tf(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(["terraform", *args, "-no-color"], cwd=work, env=env,
-                                  capture_output=True, text=True, timeout=400)
+        tf = terraform_in(work, cluster, timeout=400)
 
         for step in (["init", "-input=false"], ["apply", "-auto-approve", "-input=false"]):
             res = tf(*step)
