@@ -63,9 +63,11 @@ is created: the cue that a bucket was deleted and made again."""
 
 
 async def follow_bucket(kv: KeyValue, what: str, *, on_entry: Callable[[KeyValue.Entry], None],
-                        synced: asyncio.Event, meta_only: bool = False) -> None:
-    """Follow ``kv`` for good, handing each entry to ``on_entry``; ``synced`` is set once
-    the current contents have been delivered. Re-watches after any failure, with a short
+                        synced: asyncio.Event, meta_only: bool = False,
+                        keys: str = ">") -> None:
+    """Follow ``kv`` (its ``keys``, all by default) for good, handing each entry to
+    ``on_entry``; ``synced`` is set once the current contents have been delivered.
+    Re-watches after any failure, with a short
     backoff, so a mirror outlives a NATS restart. Runs until cancelled.
 
     A bucket deleted and created again is re-watched as soon as JetStream announces the
@@ -88,7 +90,7 @@ async def follow_bucket(kv: KeyValue, what: str, *, on_entry: Callable[[KeyValue
         while True:
             try:
                 recreated.clear()
-                watcher = await kv.watchall(meta_only=meta_only)
+                watcher = await kv.watch(keys, meta_only=meta_only)
                 try:
                     if await _deliver_until(watcher, on_entry, synced, recreated):
                         log.warning("the %s bucket was created anew; re-watching", what)

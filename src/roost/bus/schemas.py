@@ -7,6 +7,7 @@ keep ``v``; a change of meaning bumps it.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 import msgspec
@@ -207,6 +208,20 @@ DEFAULT_OPTIONS = InstanceOptions()
 DEFAULT_NETWORK = InstanceNetwork()
 
 M = TypeVar("M", bound=Msg)
+
+
+class NodeOrder(Msg):
+    """What a lost node must do when it is back (see `subjects.NODE_ORDERS_BUCKET`)."""
+
+    op: Literal["terminate"] = "terminate"
+    reason: str = "Client.UserInitiatedShutdown"
+    note: str = "User initiated"
+    at: str = ""
+
+
+def now_iso() -> str:
+    """Now, as records stamp it: ISO 8601 UTC with milliseconds."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def encode(msg: Msg) -> bytes:

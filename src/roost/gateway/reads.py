@@ -27,6 +27,7 @@ from roost.gateway.describe import (
 from roost.gateway.model import (
     FIXED_ATTRIBUTES,
     InstanceAttribute,
+    InstanceStatusRow,
     Paged,
     Reservation,
     TagRow,
@@ -98,14 +99,16 @@ class Ec2Reads:
         )
         return Paged(reservations, page.next_token)
 
-    async def describe_instance_status(self, req: DescribeRequest) -> Paged[InstanceRecord]:
+    async def describe_instance_status(self, req: DescribeRequest
+                                       ) -> Paged[InstanceStatusRow]:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
         if not req.include_all:
             records = [r for r in records if r.state == "running"]
-        return paginate(self._instances(req, records, STATUS_FIELDS), req.page,
-                        key=lambda r: r.instance_id)
+        rows = [InstanceStatusRow(r, self.service.health(r)) for r in records]
+        return paginate(apply_filters(rows, req.filters, STATUS_FIELDS), req.page,
+                        key=lambda s: s.record.instance_id)
 
     async def describe_instance_types(self, req: DescribeRequest) -> Paged[InstanceType]:
         """Every supported type, whatever is free now: a full type is still a type."""

@@ -23,6 +23,8 @@ from roost.bus.schemas import (
     InstanceNetwork,
     InstanceRecord,
     LaunchRequest,
+    NodeOrder,
+    now_iso,
 )
 from roost.domain.catalog import InstanceType
 from roost.domain.commands import Protection, refusal
@@ -261,12 +263,31 @@ class Ec2Service:
             raise IncorrectInstanceState(
                 f"The instance '{iid}' is not in a state from which it can be {_VERBS[op]}."
             )
+        if op == "terminate" and self.view.lost(rec.node_id):
+            # Accepted and deferred: the node carries it out when it is back, or
+            # `roost node forget` does (docs/architecture.md, "Lost nodes").
+            shown = await self.index.order(rec, NodeOrder(
+                op="terminate", note=f"User initiated (deferred: node {rec.node_id} is lost)",
+                at=now_iso()))
+            return StateChange(iid, shown.state, rec.state)
         reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
         current = reply.instance.state if reply.instance is not None else rec.state
         return StateChange(iid, current, reply.previous_state or rec.state)
 
+    def health(self, rec: InstanceRecord) -> str:
+        """DescribeInstanceStatus's status of ``rec``'s checks."""
+        if rec.state != "running":
+            return "not-applicable"
+        return "impaired" if self.view.lost(rec.node_id) else "ok"
+
     async def _ask(self, rec: InstanceRecord, cmd: InstanceCommand) -> CommandReply:
         """Send ``cmd`` to the node that holds ``rec``; its refusal as the EC2 error."""
+        if self.view.lost(rec.node_id):
+            silent = self.view.silent_for(rec.node_id)
+            raise ServiceUnavailable(
+                f"Node {rec.node_id}, which holds {rec.instance_id}, is lost (silent "
+                f"{f'for {silent:.0f} s' if silent is not None else 'since this gateway started'}"
+                "); only TerminateInstances is accepted for its instances until it is back.")
         try:
             reply = await self.nodes.command(rec.node_id, cmd)
         except (NoResponders, NodeTimeout) as exc:
