@@ -64,9 +64,10 @@ def boot_once(accel: qemu.Accel, itype: str, *, timeout: float) -> dict[str, obj
     with tempfile.TemporaryDirectory(prefix="roost-vm-boot-") as tmp:
         work = Path(tmp) / "i-bench"
         work.mkdir()
-        argv = qemu.command(binary, itype=BUILTIN[itype], kernel=images / image.kernel,
-                            initrd=images / image.initrd, workdir=work, accel=accel,
-                            imds_port=server.server_address[1])
+        boot = qemu.instance_disks(qemu.Boot(kernel=images / image.kernel,
+                                             initrd=images / image.initrd), work)
+        argv = qemu.command(binary, itype=BUILTIN[itype], boot=boot, workdir=work,
+                            accel=accel, imds_port=server.server_address[1])
         start = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
