@@ -33,7 +33,8 @@ POINTS = (("kernel", b"roost-microvm: kernel"), ("network", b"roost-microvm: eth
 
 class _Metadata(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # the stdlib names it
-        body = USER_DATA if self.path.endswith("user-data") else b"i-bench"
+        body = {"user-data": USER_DATA, "local-ipv4": b"10.0.0.5"}.get(
+            self.path.rpartition("/")[2], b"i-bench")
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

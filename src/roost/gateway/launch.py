@@ -16,8 +16,8 @@ looked up across the nodes first, and only if nobody holds it does placement mov
 A node that cannot run the launch at all (``unsupported``: no QEMU, a kernel image on a
 process node; ``image_unavailable``: the image's files are not there) is not asked
 again for it, and once no node that fits is left unrefused the caller gets the reasons
-at once (InvalidAMIID.Unavailable when every refusal was a missing image, Unsupported
-otherwise), not a retry until the deadline.
+at once, not a retry until the deadline: InvalidAMIID.Unavailable when some node lacks
+the image's files (the nodes able to boot it do not have it), Unsupported otherwise.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class Launcher:
         if fitting - {a.node_id for a in refused}:
             return
         why = "; ".join(dict.fromkeys(a.message for a in refused))
-        if all(a.outcome == "image_unavailable" for a in refused):
+        if any(a.outcome == "image_unavailable" for a in refused):
             raise InvalidAMIIDUnavailable(
                 f"No node can boot the image {req.image_id}: {why}")
         raise Unsupported(f"No node can run {req.image_id} on {itype.name} now: {why}")
