@@ -131,3 +131,30 @@ async def _deliver_until(watcher: KeyValue.KeyWatcher,
     if failed is not None:
         raise failed
     return recreated.is_set()
+
+
+class BucketMirror:
+    """A mirror of one bucket: `follow_bucket` as a background task that the mirror
+    starts, waits on until the bucket's contents are in, and stops. Subclasses take each
+    entry in `_on_entry`."""
+
+    def __init__(self, kv: KeyValue, what: str) -> None:
+        self._kv, self._what = kv, what
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _on_entry(self, entry: KeyValue.Entry) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            follow_bucket(self._kv, self._what, on_entry=self._on_entry,
+                          synced=self._synced), name=f"watch-{self._what}")
+
+    async def wait_synced(self, timeout: float) -> None:
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

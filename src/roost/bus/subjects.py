@@ -43,6 +43,9 @@ KEY_PAIRS_BUCKET = "roost_key_pairs"
 LAUNCH_TEMPLATES_BUCKET = "roost_launch_templates"
 """JetStream KV bucket: ``lt-…`` -> the template with all its versions (compare-and-set),
 ``ltname.<base32 name>`` -> its id (create); written by gateways."""
+IMAGES_BUCKET = "roost_images"
+"""JetStream KV bucket: ``ami-…`` -> a registered image (`roost.domain.images.Image`),
+``aminame.<base32 owner/name>`` -> its id (create); written by gateways."""
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -26,6 +26,7 @@ from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
+from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher, LaunchPolicy
 from roost.gateway.metrics import GatewayMetrics
@@ -91,6 +92,7 @@ class Gateway:
         self._index: InstanceIndex | None = None
         self._network: NetworkStore | None = None
         self._templates: TemplateStore | None = None
+        self._images: ImageStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -121,6 +123,8 @@ class Gateway:
         templates = TemplateStore(await key_value(nc, subjects.LAUNCH_TEMPLATES_BUCKET),
                                   owner_id=cfg.owner_id)
         self._templates = templates
+        self._images = images = ImageStore(await key_value(nc, subjects.IMAGES_BUCKET),
+                                           owner_id=cfg.owner_id)
         loop = asyncio.get_running_loop()
         view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
@@ -139,10 +143,12 @@ class Gateway:
         index.group_overrides = network.instance_groups
         network.start(index.all)
         templates.start()
+        images.start()
         index.start()
         await asyncio.gather(index.wait_synced(sync_timeout),
                              network.wait_synced(sync_timeout),
-                             templates.wait_synced(sync_timeout))
+                             templates.wait_synced(sync_timeout),
+                             images.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload))
@@ -151,6 +157,7 @@ class Gateway:
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
             metrics=self.metrics, net=NetworkService(network), templates=templates,
+            images=images,
         )
         verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
         reads = Ec2Reads(service)
@@ -204,6 +211,8 @@ class Gateway:
             await self._network.stop()
         if self._templates is not None:
             await self._templates.stop()
+        if self._images is not None:
+            await self._images.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:

@@ -33,16 +33,15 @@ from roost.domain.errors import (
     IncorrectInstanceState,
     InsufficientInstanceCapacity,
     InternalError,
-    InvalidAMIIDNotFound,
     InvalidParameterValue,
     OperationNotPermitted,
     RoostError,
     ServiceUnavailable,
 )
-from roost.domain.images import IMAGES
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import Subnet
 from roost.gateway.capacity import CapacityView
+from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
@@ -98,6 +97,7 @@ class Ec2Service:
         metrics: GatewayMetrics,
         net: NetworkService,
         templates: TemplateStore,
+        images: ImageStore,
     ) -> None:
         self.site = site
         self.view = view
@@ -109,6 +109,7 @@ class Ec2Service:
         self.metrics = metrics
         self.net = net
         self.templates = templates
+        self.images = images
 
     def zones(self) -> list[str]:
         """Zones with live nodes; the region's default zone while there are none."""
@@ -117,8 +118,7 @@ class Ec2Service:
     # -- RunInstances ---------------------------------------------------------------
 
     async def _validate(self, req: RunInstancesRequest) -> tuple[InstanceType, Target]:
-        if req.image_id not in IMAGES:
-            raise InvalidAMIIDNotFound(f"The image id '[{req.image_id}]' does not exist")
+        self.images.require(req.image_id)
         itype = await self.types.resolve(req.instance_type)
         if req.availability_zone and req.availability_zone not in self.zones():
             raise InvalidParameterValue(
@@ -224,6 +224,7 @@ class Ec2Service:
         return LaunchRequest(
             launch_id=f"{rid}-{index}", instance_type=req.instance_type,
             image_id=req.image_id, reservation_id=rid, user_data=req.user_data,
+            image=self.images.registered(req.image_id),
             tags=dict(req.tags), availability_zone=req.availability_zone,
             client_token=req.client_token, owner_id=self.site.owner_id, ami_launch_index=index,
             options=None if req.options == DEFAULT_OPTIONS else req.options,
