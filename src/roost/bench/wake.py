@@ -33,7 +33,6 @@ from typing import Any
 
 import asyncpg
 import click
-import msgspec
 from rich.console import Console
 
 from roost.bench.report import machine, markdown_table, write_json
@@ -193,8 +192,9 @@ def wake(rounds: int, task_seconds: float, timeout: float, json_out: Path | None
                   f"(min {d['min']:.2f}, max {d['max']:.2f}); controller interval "
                   f"{config.interval:g} s")
     if json_out is not None:
-        controller: dict[str, Any] = msgspec.to_builtins(config)
-        controller.pop("dsn", None)
+        controller = {k: getattr(config, k) for k in (
+            "interval", "scale_up_window", "scale_down_window", "small_pool_replicas",
+            "rate_window", "flap_window", "growth_period")}  # never the DSN or secrets
         doc = {"settings": {"controller": controller, "rounds": rounds,
                             "task_seconds": task_seconds, "worker_env": WORKER_ENV},
                "machine": machine(), "rounds": rows, "summary": summary}
