@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -143,7 +143,7 @@ def build_app(parts: AppParts, *, health: Callable[[], tuple[bool, dict[str, obj
 
     async def metrics_endpoint(request: Request) -> Response:
         metrics.nodes.set(parts.service.view.live_count())
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     admin = [Route(r.path, signed_only(parts, r.endpoint), methods=["GET"])
              for r in admin_routes(parts.service)]
