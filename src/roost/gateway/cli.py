@@ -148,7 +148,8 @@ def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
 
 def run_gateway(gw: Gateway, *, on_ready: Callable[[], None] | None = None,
                 quiet: bool = False) -> None:
-    """Serve ``gw`` until SIGINT or SIGTERM (the process's main program)."""
+    """Serve ``gw`` until SIGINT or SIGTERM (the process's main program). (uvloop was
+    measured here: no less CPU per launch than asyncio's loop, side by side.)"""
     try:
         asyncio.run(_serve(gw, on_ready=on_ready, quiet=quiet))
     except Exception as exc:

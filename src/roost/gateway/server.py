@@ -167,8 +167,10 @@ class Gateway:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((cfg.host, cfg.port))
         reads.endpoint = self.endpoint
+        # httptools (uvicorn's C parser) where installed, as it is with roost; no proxy
+        # headers: the gateway trusts no X-Forwarded-For.
         self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                              lifespan="off"))
+                                              lifespan="off", proxy_headers=False))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:
             if self._serving.done():
