@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class GatewayConfig:
     full_after: float = FULL_AFTER
     """Seconds after start before a full cluster is answered from the capacity view
     alone; until then the bus is asked. Raise it if nodes heartbeat slower than 2 s."""
+    reuse_port: bool = False
+    """Bind with SO_REUSEPORT, so that several gateway processes share the port
+    (`roost.gateway.workers`)."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -167,11 +171,15 @@ class Gateway:
         # the client's delayed ACK, ~40 ms a request.
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if cfg.reuse_port:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((cfg.host, cfg.port))
         reads.endpoint = self.endpoint
+        # httptools (uvicorn's C parser) where installed, as it is with roost; no proxy
+        # headers: the gateway trusts no X-Forwarded-For.
         self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                              lifespan="off"))
+                                              lifespan="off", proxy_headers=False))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:
             if self._serving.done():
@@ -197,7 +205,7 @@ class Gateway:
         synced = bool(self._index is not None and self._index.synced)
         nodes = self.service.view.live_count() if self.service else 0
         return connected and synced, {"nats": connected, "index_synced": synced,
-                                      "live_nodes": nodes}
+                                      "live_nodes": nodes, "pid": os.getpid()}
 
     async def stop(self) -> None:
         if self._server is not None and self._serving is not None:
