@@ -6,7 +6,9 @@ prints how long the cluster took to recover (``pytest -m fault -s`` shows the fi
   port and store;
 - the instances bucket deleted under a launch load (every KV write fails), then back;
 - a node agent process `kill -9`'d mid-burst, then started again;
-- a node gone for good, forgotten with `roost node forget` (and coming back after all).
+- a node gone for good, forgotten with `roost node forget` (and coming back after all);
+- a gateway process `kill -9`'d mid-launch with a ClientToken in flight, the request
+  retried against another gateway.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from roost.bus import subjects
 from roost.bus.connect import key_value
+from roost.embedded.proc import free_port
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import wait_state
 
@@ -365,3 +370,73 @@ def test_node_gone_for_good_is_forgotten(pcluster: tuple[ThreadedCluster, NodePr
     survivors = [i for i in ids + more_ids if i not in on_gone]
     settle_procs(cluster, ec2, survivors)
     assert all(cluster.record(i).state == "terminated" for i in on_gone)  # type: ignore[union-attr]
+
+
+def test_gateway_killed_mid_launch_token_retried_elsewhere(
+        fcluster: ThreadedCluster, tmp_path: Path) -> None:
+    """A RunInstances of 400 with a ClientToken, its gateway process killed halfway; the
+    same request sent to a second gateway (the in-process one) takes the claim over once
+    it has gone quiet for a lease, finds the launches already placed by their launch
+    ids, places the rest, and answers with the first reservation: 400 instances, once."""
+    port = free_port()
+    with (tmp_path / "gateway.log").open("ab") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "roost", "gateway", "--nats", fcluster.nats.url,
+             "--port", str(port), "--credentials", f"{fcluster.key}:{fcluster.secret}"],
+            stdout=log, stderr=log)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        ec2_first = boto3.client(
+            "ec2", endpoint_url=endpoint, region_name=fcluster.spec.region,
+            aws_access_key_id=fcluster.key, aws_secret_access_key=fcluster.secret,
+            config=Config(retries={"total_max_attempts": 1}, read_timeout=120))
+        wait_for("the gateway process serves", lambda: _serves(ec2_first), 30)
+        token, count = "gateway-kill-1", 400
+        request = {"ImageId": IMAGE, "InstanceType": "t3.nano", "MinCount": count,
+                   "MaxCount": count, "ClientToken": token}
+        answered: list[Any] = []
+        sender = threading.Thread(target=lambda: answered.append(_try(ec2_first, request)),
+                                  daemon=True)
+        sender.start()
+        index = fcluster.cluster.gateway.service.index  # type: ignore[union-attr]
+        wait_for("launches under way", lambda: any(
+            r.client_token == token for r in index.all()), 20)
+        os.kill(first.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        placed = sum(r.client_token == token for r in index.all())
+        first.wait(10)
+        sender.join(30)
+        ec2 = fcluster.client()
+        out = ec2.run_instances(**request)
+        took = time.monotonic() - killed
+        ids = [i["InstanceId"] for i in out["Instances"]]
+        print(f"\ngateway killed with {placed} of {count} launches seen placed; the retry "
+              f"on the other gateway answered {len(ids)} in {took:.2f} s (claim lease 10 s)")
+        assert 0 < placed < count, "the kill did not land mid-launch"
+        assert len(ids) == count and len(set(ids)) == count
+        mine = [i for i in described(ec2) if i.get("ClientToken") == token]
+        assert sorted(i["InstanceId"] for i in mine) == sorted(ids)  # none launched twice
+        assert took < 30
+        again = ec2.run_instances(**request)  # and a further retry replays it
+        assert sorted(i["InstanceId"] for i in again["Instances"]) == sorted(ids)
+        assert again["ReservationId"] == out["ReservationId"]
+        settle(fcluster, ec2, ids)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+
+
+def _serves(ec2: Any) -> bool:
+    try:
+        ec2.describe_availability_zones()
+    except (EndpointConnectionError, ClientError):
+        return False
+    return True
+
+
+def _try(ec2: Any, request: dict[str, Any]) -> Any:
+    try:
+        return ec2.run_instances(**request)
+    except Exception as exc:  # the gateway dies under it: any failure will do
+        return exc
