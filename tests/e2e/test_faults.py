@@ -7,6 +7,7 @@ prints how long the cluster took to recover (``pytest -m fault -s`` shows the fi
 - the instances bucket deleted under a launch load (every KV write fails), then back;
 - a node agent process `kill -9`'d mid-burst, then started again;
 - a node gone for good, forgotten with `roost node forget` (and coming back after all);
+- one server of a 3-server NATS cluster `kill -9`'d under a launch/terminate load;
 - a gateway process `kill -9`'d mid-launch with a ClientToken in flight, the request
   retried against another gateway.
 """
@@ -31,6 +32,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from roost.bus import subjects
 from roost.bus.connect import key_value
+from roost.embedded import NatsCluster
 from roost.embedded.proc import free_port
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import wait_state
@@ -59,6 +61,7 @@ class Load:
         self.messages: dict[str, str] = {}  # the first message of each error code
         self.launched: dict[str, str] = {}  # ClientToken -> instance id
         self.ok_times: list[float] = []
+        self.failed_times: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -74,6 +77,7 @@ class Load:
                 code = exc.response["Error"]["Code"]
                 self.outcomes[code] += 1
                 self.messages.setdefault(code, exc.response["Error"]["Message"])
+                self.failed_times.append(time.monotonic())
                 time.sleep(0.05)
                 continue
             except EndpointConnectionError:
@@ -440,3 +444,44 @@ def _try(ec2: Any, request: dict[str, Any]) -> Any:
         return ec2.run_instances(**request)
     except Exception as exc:  # the gateway dies under it: any failure will do
         return exc
+
+
+def test_one_server_of_a_nats_cluster_killed_under_load(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The server the gateway is connected to is killed for good. The buckets are
+    replicated to all three servers (`bucket_replicas`), so what remains keeps quorum;
+    the gateway and the nodes on that server reconnect to the others."""
+    with NatsCluster(3, base_dir=tmp_path_factory.mktemp("nats-cluster")) as nats:
+        cluster = make_cluster(tmp_path_factory.mktemp("on-cluster"), nodes=3,
+                               capacity="1024vcpu,4TiB", nats_urls=nats.urls)
+        try:
+            ec2 = cluster.client()
+            gw_nc = cluster.cluster.gateway._nc
+            assert gw_nc is not None and gw_nc.connected_url is not None
+            port = gw_nc.connected_url.port
+            victim = next(s for s in nats.servers if s.url.endswith(f":{port}"))
+            with Load(cluster) as load:
+                time.sleep(2.0)
+                before = load.outcomes["ok"]
+                victim.kill()
+                killed = time.monotonic()
+                time.sleep(1.0)
+                # Recovered: launches succeed again after the last refusal.
+                wait_for("launches succeed again", lambda: bool(load.ok_times) and (
+                    not load.failed_times or load.ok_times[-1] > load.failed_times[-1]), 30)
+                time.sleep(1.5)
+            last_failure = max([killed, *load.failed_times])
+            recovered = min(t for t in load.ok_times if t > last_failure) - killed
+            print(f"\nNATS server {victim.name} (the gateway's) killed: launches succeed "
+                  f"again {recovered:.2f} s after; outcomes {dict(load.outcomes)} {load.messages}")
+            assert before > 0
+            refused = {k for k in load.outcomes if k != "ok"}
+            assert refused <= {"ServiceUnavailable", "terminate:ServiceUnavailable",
+                               "connection"}
+            ids = list(load.launched.values())
+            assert len(set(ids)) == len(ids)
+            assert set(ids) <= {i["InstanceId"] for i in described(ec2)}
+            no_duplicates(ec2)
+            settle(cluster, ec2, ids)
+        finally:
+            cluster.stop()
