@@ -271,6 +271,7 @@ class NodeAgent:
             self._heartbeat.cancel()
         if self._orders_task is not None:
             self._orders_task.cancel()
+            await asyncio.gather(self._orders_task, return_exceptions=True)
         others = self._tasks - {asyncio.current_task()}  # stop() may itself be tracked
         if others:
             await asyncio.gather(*others, return_exceptions=True)
