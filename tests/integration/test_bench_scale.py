@@ -4,6 +4,7 @@ gateway processes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -27,7 +28,7 @@ def test_the_schedule_keeps_the_rate_and_littles_law(data: Path) -> None:
     trace = load_azure(data)
     source = batches(trace, flavor_types(trace))
     assert sum(len(b.lifetimes) for b in source) == len(trace.arrivals)
-    assert all(a.time <= b.time for a, b in zip(source, source[1:], strict=False))
+    assert all(a.time <= b.time for a, b in itertools.pairwise(source))
     sched = schedule(source, rate=50.0, live=1000, seconds=60.0)
     vms = sum(len(b.lifetimes) for _, b in sched.items)
     assert 0.5 * 50 * 60 < vms < 1.5 * 50 * 60  # about rate x seconds

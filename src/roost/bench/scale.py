@@ -809,7 +809,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Holds azure-v1/ [default: ../shared/data].")
 @click.option("--quick", is_flag=True,
-              help="Smoke: 8 nodes in 1 process, 200 live, an 80-launch burst, 1 and 2 gateways.")
+              help="Smoke: 8 nodes in 1 process, 200 live, a 60-launch burst, 1 and 2 gateways.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Write scale.json, scale.md and scale.png here.")
 def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float, burst: int,
@@ -820,9 +820,9 @@ def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float,
     rate and latency, retries, false capacity errors, gateway memory, mirror lag and
     DescribeInstances, with 1 and 4 gateway processes, on a 3-server NATS cluster."""
     if quick:
-        steps, live, rate, steady_seconds, burst, burst_seconds = (8,), 200, 40.0, 3.0, \
-            80, 2.0
-        gateway_workers, node_procs, probes = (1, 2), 1, 5
+        steps, live, rate, steady_seconds, burst, burst_seconds = (8,), 200, 40.0, 2.0, \
+            60, 1.5
+        gateway_workers, node_procs, probes = (1, 2), 1, 4
     data = data_dir or default_data_dir()
     try:
         trace = load_azure(data)
