@@ -50,6 +50,11 @@ BENCHMARKS = {
                          "InsufficientInstanceCapacity latency."),
     "placement": BenchEntry("roost.bench.placement", "placement_command",
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "scale": BenchEntry("roost.bench.scale", "scale",
+                        "Hundreds of sim nodes and ~100,000 live instances from the Azure VM "
+                        "trace: launch rate and latency, retries, false capacity errors, "
+                        "gateway memory, mirror lag and DescribeInstances, with 1 and 4 "
+                        "gateway processes, on a 3-server NATS cluster."),
     "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
                           "Boot time to user data and QEMU's memory overhead per micro-VM."),
     "wake": BenchEntry("roost.bench.wake", "wake",
