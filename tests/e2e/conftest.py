@@ -45,7 +45,8 @@ async def _cancel_the_rest() -> None:
 
 class ThreadedCluster:
     def __init__(self, spec: ClusterSpec, node_capacities: Sequence[str] = (), *,
-                 catalog: Catalog = BUILTIN, isolation: Level = "cgroup") -> None:
+                 catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
+                 operator_key: bytes | None = None) -> None:
         self.key, self.secret = next(iter(spec.credentials.items()))
         self.spec = spec
         nats = NatsComponent(spec.data_dir / "nats")
@@ -61,7 +62,7 @@ class ThreadedCluster:
         ])
         gateway = GatewayComponent(GatewayConfig(
             nats_urls=[nats.url], port=0, region=spec.region, credentials=spec.credentials,
-            auth=spec.auth, policy=spec.policy, launch_timeout=5.0,
+            auth=spec.auth, policy=spec.policy, launch_timeout=5.0, operator_key=operator_key,
         ))
         self.nats = nats
         self.cluster = LocalCluster([nats, gateway, nodes])
@@ -119,11 +120,12 @@ class ThreadedCluster:
 def make_cluster(tmp: Path, *, nodes: int = 3, capacity: str = "8vcpu,32GiB",
                  capacities: Sequence[str] = (), driver: str = "sim",
                  catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
-                 **kw: Any) -> ThreadedCluster:
+                 operator_key: bytes | None = None, **kw: Any) -> ThreadedCluster:
     key, secret = new_credentials()
     spec = ClusterSpec(data_dir=tmp, nodes=nodes, driver=driver, node_capacity=capacity,
                        heartbeat_seconds=0.5, port=0, credentials={key: secret}, **kw)
-    cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation).start()
+    cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation,
+                              operator_key=operator_key).start()
     cluster.wait_nodes(len(capacities) or nodes)
     return cluster
 

@@ -36,6 +36,7 @@ from roost.gateway.query import Params, parse_form
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import DRY_RUN, Ec2Service
 from roost.gateway.sigv4 import SignedRequest, SigV4Verifier
+from roost.gateway.tenancy import Caller, acting_as
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class AppParts:
     service: Ec2Service
     reads: Ec2Reads
     verifier: SigV4Verifier | None  # None: --no-auth
+    callers: Callable[[str], Caller] | None = None
+    """Access key id -> the account it acts for; None: nobody is scoped (--no-auth)."""
 
 
 async def _body(request: Request) -> bytes:
@@ -87,8 +90,10 @@ def ec2_endpoint(parts: AppParts) -> Endpoint:
         action = "unknown"
         try:
             body = await _body(request)
+            who = None
             if parts.verifier is not None:
-                parts.verifier.verify(signed_request(request, body))
+                key_id = parts.verifier.verify(signed_request(request, body))
+                who = parts.callers(key_id) if parts.callers is not None else None
             pairs = parse_form(body, request.scope.get("query_string", b"").decode("latin-1"))
             name = pairs.get("Action", "")
             if not name:
@@ -102,7 +107,8 @@ def ec2_endpoint(parts: AppParts) -> Endpoint:
                 # EC2 answers a dry run from the caller's permissions alone, before it
                 # reads any other parameter; roost's caller may do anything it signs.
                 raise DryRunOperation(DRY_RUN)
-            text = await handler(Call(params, request_id, parts.service, parts.reads))
+            with acting_as(who):
+                text = await handler(Call(params, request_id, parts.service, parts.reads))
             status, code = 200, "ok"
         except RoostError as err:
             text, status, code = xml.error(err, request_id), err.http_status, err.code

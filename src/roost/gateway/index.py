@@ -32,6 +32,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from roost.bus.connect import follow_bucket
 from roost.bus.schemas import InstanceRecord, decode
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
+from roost.gateway.tenancy import visible
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,17 @@ class InstanceIndex:
         return rec
 
     def all(self) -> list[InstanceRecord]:
-        return [self._merged(r) for r in self._records.values()]
+        """The caller's instances (`roost.gateway.tenancy`): every one outside a request."""
+        return [self._merged(r) for r in self._records.values() if visible(r.owner_id)]
 
     def find(self, instance_id: str) -> InstanceRecord | None:
         rec = self._records.get(instance_id)
-        return None if rec is None else self._merged(rec)
+        return None if rec is None or not visible(rec.owner_id) else self._merged(rec)
+
+    def ended(self, instance_id: str) -> bool:
+        """Whether the mirror holds ``instance_id`` as terminated, whoever asks."""
+        rec = self._records.get(instance_id)
+        return rec is not None and rec.state == "terminated"
 
     async def require(self, ids: Iterable[str]) -> list[InstanceRecord]:
         """Records for ``ids``, fetching misses from the bucket; NotFound names them all."""
@@ -118,7 +125,7 @@ class InstanceIndex:
         except _DECODE_ERRORS:
             return None
         self.upsert(rec, from_bucket=True)
-        return self._merged(rec)
+        return self._merged(rec) if visible(rec.owner_id) else None
 
     @property
     def synced(self) -> bool:
