@@ -99,8 +99,8 @@ def test_roost_up_then_the_pasted_aws_cli_line(
     shown = subprocess.run([sys.executable, "-m", "roost", "accounts", "show", "000000000000",
                             "--json"], env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    keys = [k["access_key_id"] for k in json.loads(shown.stdout)["keys"]]
-    assert keys == [env["AWS_ACCESS_KEY_ID"]]
+    keys = [(k["access_key_id"], k["admin"]) for k in json.loads(shown.stdout)["keys"]]
+    assert keys == [(env["AWS_ACCESS_KEY_ID"], True)]  # the operator's: sees every account
     for secret_file in ("operator.key", "credentials.json", "env"):
         assert (data_dir / secret_file).stat().st_mode & 0o777 == 0o600
 

@@ -257,8 +257,9 @@ class AccountStore:
 
 class KeyBook:
     """Access key id -> secret and caller, followed from the bucket and seeded with the
-    static ``--credentials`` keys (the default account). The verifier's ``get`` is a
-    dict lookup."""
+    static ``--credentials`` keys. Those are the operator's, given on the command line:
+    they act for the default account and see every account (admin), as every key did
+    before accounts. The verifier's ``get`` is a dict lookup."""
 
     def __init__(self, static: Mapping[str, str], *, operator_key: bytes | None,
                  default_account: str = DEFAULT_ACCOUNT) -> None:
@@ -266,7 +267,8 @@ class KeyBook:
         self._operator_key = operator_key
         self._default = default_account
         self._secrets: dict[str, str] = dict(static)
-        self._callers: dict[str, Caller] = {k: Caller(default_account) for k in static}
+        self._callers: dict[str, Caller] = {k: Caller(default_account, admin=True)
+                                            for k in static}
         self._expires: dict[str, float] = {}
         self.accounts: dict[str, Account] = {}
         self.synced = asyncio.Event()

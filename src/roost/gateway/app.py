@@ -127,13 +127,16 @@ def signed_only(parts: AppParts, endpoint: Endpoint) -> Endpoint:
     """Wrap an admin endpoint so that it answers only SigV4-signed requests."""
 
     async def guarded(request: Request) -> Response:
+        who = None
         if parts.verifier is not None:
             try:
-                parts.verifier.verify(signed_request(request, await _body(request)))
+                key_id = parts.verifier.verify(signed_request(request, await _body(request)))
             except RoostError as err:
                 return JSONResponse({"error": err.code, "message": err.message},
                                     err.http_status)
-        return await endpoint(request)
+            who = parts.callers(key_id) if parts.callers is not None else None
+        with acting_as(who):  # the instances it lists are the caller's, as in EC2 calls
+            return await endpoint(request)
 
     return guarded
 

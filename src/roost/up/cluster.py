@@ -103,10 +103,11 @@ class NodesComponent:
 
 
 class AccountsComponent:
-    """Registers the cluster's keys as the default account's in the accounts bucket,
-    when it first makes that account: from then on they are keys like any other (shown
-    by ``roost accounts show 000000000000``, held to its quotas, revocable), and a
-    restart does not bring back a key the operator revoked."""
+    """Registers the cluster's keys in the accounts bucket as admin keys of the default
+    account (the operator's: the dashboard and the controller see every account through
+    them), when it first makes that account. From then on they are keys like any other
+    (shown by ``roost accounts show 000000000000``, held to its quotas, revocable), and
+    a restart does not bring back a key the operator revoked."""
 
     name = "accounts"
 
@@ -124,7 +125,7 @@ class AccountsComponent:
                 return
             await store.create_account("default", account_id=DEFAULT_ACCOUNT)
             for key_id, secret in self.credentials.items():
-                await store.create_key(DEFAULT_ACCOUNT, self.operator_key,
+                await store.create_key(DEFAULT_ACCOUNT, self.operator_key, admin=True,
                                        key_id=key_id, secret=secret)
         finally:
             await nc.close()
