@@ -49,6 +49,9 @@ BENCHMARKS = {
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
     "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
                           "Boot time to user data and QEMU's memory overhead per micro-VM."),
+    "wake": BenchEntry("roost.bench.wake", "wake",
+                       "Scale-from-zero latency: first task submitted to started and to done, "
+                       "through the real controller, gateway, node and worker process."),
     "vm-trace": BenchEntry("roost.bench.vm_trace", "vm_trace_command",
                            "VM placement with departures: fewest hosts for zero rejections on "
                            "Azure V1."),

@@ -34,7 +34,8 @@ from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 
 MISSING = {"i": "i-0123456789abcdef0", "vpc": "vpc-0123456789abcdef1",
            "subnet": "subnet-0123456789abcdef2", "sg": "sg-0123456789abcdef3",
-           "key": "no-such-key", "lt": "lt-0123456789abcdef4", "ltname": "no-such-template"}
+           "key": "no-such-key", "lt": "lt-0123456789abcdef4", "ltname": "no-such-template",
+           "ami": "ami-0123456789abcdef5", "aminame": "no-such-image"}
 PERMISSION = {"IpPermissions.1.IpProtocol": "tcp", "IpPermissions.1.FromPort": "22",
               "IpPermissions.1.ToPort": "22", "IpPermissions.1.IpRanges.1.CidrIp": "10.0.0.0/8"}
 RUN = {"ImageId": IMAGE, "InstanceType": "t3.micro", "MinCount": "1", "MaxCount": "1"}
@@ -45,7 +46,7 @@ PUBLIC_KEY = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGQ0Yz6Gm1qzQdQ6bJ2mIDcBrX9Dk
 # filled with A's ids, then with ids that exist nowhere; B must get one answer for both.
 ABOUT: dict[str, list[dict[str, str]]] = {
     "RunInstances": [{**RUN, "SubnetId": "{subnet}"}, {**RUN, "KeyName": "{key}"},
-                     {**RUN, "SecurityGroupId.1": "{sg}"},
+                     {**RUN, "SecurityGroupId.1": "{sg}"}, {**RUN, "ImageId": "{ami}"},
                      {"MinCount": "1", "MaxCount": "1",
                       "LaunchTemplate.LaunchTemplateId": "{lt}"}],
     "TerminateInstances": [{"InstanceId.1": "{i}"}],
@@ -110,21 +111,25 @@ ABOUT: dict[str, list[dict[str, str]]] = {
                             {"Filter.1.Name": "vpc-id", "Filter.1.Value.1": "{vpc}"}],
     "DescribeNetworkAcls": [{"NetworkAclId.1": "{acl}"},
                             {"Filter.1.Name": "vpc-id", "Filter.1.Value.1": "{vpc}"}],
+    "DescribeImages": [{"ImageId.1": "{ami}"},
+                       {"Filter.1.Name": "image-id", "Filter.1.Value.1": "{ami}"}],
+    "DeregisterImage": [{"ImageId": "{ami}"}],
+    "RegisterImage": [{"Name": "{aminame}", "ImageLocation": "{disk}"}],
 }
 # Actions about no account's resource: the region, its catalog and images. Every
 # account gets the same answer.
-SHARED = {"DescribeAvailabilityZones", "DescribeRegions", "DescribeImages",
+SHARED = {"DescribeAvailabilityZones", "DescribeRegions",
           "DescribeInstanceTypes", "DescribeInstanceTypeOfferings",
           "DescribeAccountAttributes"}
 # Listings without ids: B's shows none of A's ids, the admin's shows them.
-LISTINGS = ["DescribeInstances", "DescribeInstanceStatus", "DescribeTags", "DescribeVpcs",
-            "DescribeSubnets", "DescribeSecurityGroups", "DescribeKeyPairs",
+LISTINGS = ["DescribeImages", "DescribeInstances", "DescribeInstanceStatus", "DescribeTags",
+            "DescribeVpcs", "DescribeSubnets", "DescribeSecurityGroups", "DescribeKeyPairs",
             "DescribeLaunchTemplates", "DescribeVolumes", "DescribeNetworkInterfaces",
             "DescribeRouteTables", "DescribeNetworkAcls",
             "DescribeInstanceCreditSpecifications"]
 # Answers that create something of B's own carry its new ids: compared by outcome only.
 CREATES = {"CreateVpc", "CreateSubnet", "CreateSecurityGroup", "CreateKeyPair",
-           "ImportKeyPair", "CreateLaunchTemplate"}
+           "ImportKeyPair", "CreateLaunchTemplate", "RegisterImage"}
 
 
 @dataclass
@@ -195,14 +200,16 @@ def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenants]:
         t.admin = _new_key(t.cli, acct("ops"), "--admin")
         for key in (t.a, t.b, t.admin):
             _wait_accepted(t, key)
-        t.ids = _make_a_resources(t.client(t.a))
+        disk = tmp_path_factory.mktemp("image") / "disk.qcow2"
+        disk.write_bytes(b"QFI\xfb" + bytes(1020))  # what RegisterImage reads of a disk
+        t.ids = _make_a_resources(t.client(t.a), str(disk))
         yield t
     finally:
         t.http.close()
         cluster.stop()
 
 
-def _make_a_resources(ec2: Any) -> dict[str, str]:
+def _make_a_resources(ec2: Any, disk: str) -> dict[str, str]:
     vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
     sg = ec2.create_security_group(GroupName="a-web", Description="a", VpcId=vpc)["GroupId"]
@@ -221,8 +228,9 @@ def _make_a_resources(ec2: Any) -> dict[str, str]:
         ec2.create_tags(Resources=[rid], Tags=[{"Key": "team", "Value": "a"}])
     ec2.get_waiter("instance_running").wait(InstanceIds=[inst],
                                             WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+    ami = ec2.register_image(Name="a-image", ImageLocation=disk)["ImageId"]
     return {"i": inst, "vpc": vpc, "subnet": subnet, "sg": sg, "key": "a-key", "lt": lt,
-            "ltname": "a-template"}
+            "ltname": "a-template", "ami": ami, "aminame": "a-image", "disk": disk}
 
 
 def _derived(ids: dict[str, str]) -> dict[str, str]:
@@ -262,7 +270,8 @@ def _a_state(ec2: Any, ids: dict[str, str]) -> Any:
     return (inst["State"]["Name"], inst["Tags"], inst["MetadataOptions"]["HttpTokens"],
             attrs, groups, ec2.describe_vpcs(VpcIds=[ids["vpc"]])["Vpcs"],
             ec2.describe_subnets(SubnetIds=[ids["subnet"]])["Subnets"],
-            ec2.describe_key_pairs(KeyNames=["a-key"])["KeyPairs"], lt)
+            ec2.describe_key_pairs(KeyNames=["a-key"])["KeyPairs"], lt,
+            ec2.describe_images(ImageIds=[ids["ami"]])["Images"])
 
 
 def test_the_matrix_covers_every_action_the_gateway_serves() -> None:
@@ -274,7 +283,7 @@ def test_the_matrix_covers_every_action_the_gateway_serves() -> None:
 
 def test_another_accounts_resource_answers_as_a_missing_one(tenants: Tenants) -> None:
     t = tenants
-    a_ids, gone = _derived(t.ids), _derived(MISSING)
+    a_ids, gone = _derived(t.ids), _derived({**MISSING, "disk": t.ids["disk"]})
     before = _a_state(t.client(t.a), t.ids)
     mismatches = []
     # Creations last: B's own new resources must not show in the answers compared.
@@ -296,7 +305,8 @@ def test_another_accounts_resource_answers_as_a_missing_one(tenants: Tenants) ->
 
 def test_listings_show_only_the_callers_own_and_the_admin_sees_all(tenants: Tenants) -> None:
     t = tenants
-    a_ids = [v for k, v in _derived(t.ids).items() if k not in ("key", "ltname")]
+    a_ids = [v for k, v in _derived(t.ids).items()
+             if k not in ("key", "ltname", "aminame", "disk")]
     for action in LISTINGS:
         status, body = t.call(t.b, action, {})
         assert status == 200, (action, body)

@@ -4,15 +4,22 @@ prints how long the cluster took to recover (``pytest -m fault -s`` shows the fi
 
 - NATS killed (SIGKILL) under a launch/terminate load, then started again on the same
   port and store;
-- the instances bucket deleted under a launch load (every KV write fails), then back.
+- the instances bucket deleted under a launch load (every KV write fails), then back;
+- a node agent process `kill -9`'d mid-burst, then started again;
+- a node gone for good, forgotten with `roost node forget` (and coming back after all).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,9 +163,12 @@ def test_kv_writes_failing_during_launches(fcluster: ThreadedCluster) -> None:
         assert time.monotonic() - started < 20, "records never reached the bucket"
         time.sleep(0.05)
     published = time.monotonic() - started
-    # The gateways' mirror follows the bucket again: every instance shows as running.
+    # The gateways' mirror follows the new bucket at once (it re-watches on JetStream's
+    # stream-created advisory): every instance shows as running.
     for iid in ids:
         wait_state(ec2, iid, "running", timeout=20)
+    mirrored = time.monotonic() - started
+    assert mirrored < 10, f"the gateway took {mirrored:.1f} s to follow the new bucket"
     print(f"\nrecords back in the bucket {published:.2f} s after it was; gateway "
           f"describes them all running {time.monotonic() - started:.2f} s after")
 
@@ -170,3 +180,188 @@ def test_kv_writes_failing_during_launches(fcluster: ThreadedCluster) -> None:
 
     assert set(ids) <= fcluster.run(keys())
     settle(fcluster, ec2, ids)
+
+
+# --- node agents as processes --------------------------------------------------------
+
+class NodeProcs:
+    """``roost node`` agents as child processes (sim driver, 0.5 s heartbeat), each
+    killed or stopped by its pid."""
+
+    def __init__(self, cluster: ThreadedCluster, base: Path) -> None:
+        self.url = cluster.nats.url
+        self.base = base
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node_id: str) -> None:
+        with (self.base / f"{node_id}.log").open("ab") as log:
+            self.procs[node_id] = subprocess.Popen(
+                [sys.executable, "-m", "roost", "node", "--nats", self.url, "--node-id",
+                 node_id, "--data-dir", str(self.base / node_id), "--capacity",
+                 "1024vcpu,4TiB", "--reserve", "0vcpu,0GiB", "--driver", "sim",
+                 "--heartbeat-seconds", "0.5", "--stop-grace-seconds", "1"],
+                stdout=log, stderr=log)
+
+    def kill(self, node_id: str) -> None:
+        proc = self.procs.pop(node_id)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.procs.clear()
+
+
+@pytest.fixture
+def pcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadedCluster,
+                                                                         NodeProcs]]:
+    """A gateway (in this process) and NATS, with three node agents as processes."""
+    tmp = tmp_path_factory.mktemp("pfaults")
+    c = make_cluster(tmp, nodes=0)
+    procs = NodeProcs(c, tmp)
+    try:
+        for node_id in ("p1", "p2", "p3"):
+            procs.start(node_id)
+        c.wait_nodes(3, timeout=30)
+        yield c, procs
+    finally:
+        procs.stop()
+        c.stop()
+
+
+def view(cluster: ThreadedCluster) -> Any:
+    service = cluster.cluster.gateway.service
+    assert service is not None
+    return service.view
+
+
+def wait_for(what: str, check: Any, timeout: float) -> float:
+    """Poll ``check`` until true; the seconds it took."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def statuses(ec2: Any, ids: list[str]) -> dict[str, str]:
+    out = ec2.describe_instance_status(InstanceIds=ids, IncludeAllInstances=True)
+    return {s["InstanceId"]: s["SystemStatus"]["Status"] for s in out["InstanceStatuses"]}
+
+
+def held_by_nodes(cluster: ThreadedCluster) -> dict[str, int]:
+    """Instances each live node's last snapshot says it holds."""
+    return {n.snap.node_id: n.snap.instances for n in view(cluster).status() if n.live}
+
+
+def settle_procs(cluster: ThreadedCluster, ec2: Any, ids: list[str]) -> None:
+    """Terminate everything; then every node's snapshot must say it holds nothing."""
+    for i in range(0, len(ids), 100):
+        ec2.terminate_instances(InstanceIds=ids[i:i + 100])
+    for iid in ids:
+        wait_state(ec2, iid, "terminated", timeout=30)
+    wait_for("capacity given back", lambda: not any(held_by_nodes(cluster).values()), 10)
+
+
+def described(ec2: Any) -> list[dict[str, Any]]:
+    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+
+
+def no_duplicates(ec2: Any) -> None:
+    """No ClientToken has two instances: a launch retried elsewhere never ran twice."""
+    tokens = Counter(i.get("ClientToken") for i in described(ec2) if i.get("ClientToken"))
+    assert [t for t, n in tokens.items() if n > 1] == []
+
+
+def test_node_killed_mid_burst_and_back(pcluster: tuple[ThreadedCluster, NodeProcs]) -> None:
+    cluster, procs = pcluster
+    ec2 = cluster.client()
+    with Load(cluster) as load:
+        time.sleep(1.5)
+        # The node placement has put most of the burst on (a packing policy fills one).
+        homes = Counter(r.node_id for r in map(cluster.record, list(load.launched.values()))
+                        if r is not None)
+        victim = homes.most_common(1)[0][0]
+        procs.kill(victim)
+        killed = time.monotonic()
+        on_victim = []
+        for iid in list(load.launched.values()):
+            rec = cluster.record(iid)
+            if rec is not None and rec.node_id == victim and rec.state == "running":
+                on_victim.append(iid)
+        assert on_victim, f"the burst put nothing on {victim}"
+        impaired = wait_for("the victim's instances impaired", lambda: set(
+            statuses(ec2, on_victim).values()) == {"impaired"}, 10)
+        doomed, kept = on_victim[:3], on_victim[3:]
+        out = ec2.terminate_instances(InstanceIds=doomed)["TerminatingInstances"]
+        assert {c["CurrentState"]["Name"] for c in out} == {"shutting-down"}
+        time.sleep(1.0)
+        procs.start(victim)
+        restarted = time.monotonic()
+        back = wait_for(f"{victim} back", lambda: not view(cluster).lost(victim), 30)
+        wait_for("deferred terminations carried out", lambda: all(
+            cluster.record(i) is not None and cluster.record(i).state == "terminated"  # type: ignore[union-attr]
+            for i in doomed), 10)
+        done = time.monotonic() - restarted
+        assert set(statuses(ec2, kept).values()) <= {"ok"}
+        time.sleep(1.0)
+    print(f"\n{victim} killed with {len(on_victim)} instances: impaired after {impaired:.2f} s; "
+          f"restarted, live again {back:.2f} s and its {len(doomed)} deferred terminations "
+          f"done {done:.2f} s after; outcomes {dict(load.outcomes)} {load.messages}")
+    refused = {k for k in load.outcomes if k != "ok"}
+    assert refused <= {"ServiceUnavailable", "terminate:ServiceUnavailable", "connection"}
+    ids = list(load.launched.values())
+    assert len(set(ids)) == len(ids)
+    alive = {i["InstanceId"] for i in described(ec2)}
+    assert set(ids) <= alive  # nothing lost
+    no_duplicates(ec2)
+    settle_procs(cluster, ec2, [i for i in ids if i not in doomed])
+    assert time.monotonic() - killed < 60
+
+
+def test_node_gone_for_good_is_forgotten(pcluster: tuple[ThreadedCluster, NodeProcs],
+                                         tmp_path: Path) -> None:
+    cluster, procs = pcluster
+    ec2 = cluster.client()
+    out = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=30, MaxCount=30)
+    ids = [i["InstanceId"] for i in out["Instances"]]
+    homes = Counter(cluster.record(i).node_id for i in ids)  # type: ignore[union-attr]
+    gone = homes.most_common(1)[0][0]
+    on_gone = [i for i in ids if cluster.record(i).node_id == gone]  # type: ignore[union-attr]
+    alive = subprocess.run([sys.executable, "-m", "roost", "node", "--nats", procs.url,
+                            "forget", gone, "--listen", "1.5"], capture_output=True, text=True)
+    assert alive.returncode != 0 and "is alive" in alive.stderr  # a live node is refused
+    procs.kill(gone)
+    wait_for("lost", lambda: view(cluster).lost(gone), 10)
+    started = time.monotonic()
+    forgot = subprocess.run([sys.executable, "-m", "roost", "node", "--nats", procs.url,
+                             "forget", gone, "--listen", "1.5"], capture_output=True, text=True)
+    assert forgot.returncode == 0, forgot.stderr
+    assert f"{len(on_gone)} instances marked terminated" in forgot.stdout
+    wait_for("its instances terminated", lambda: all(
+        cluster.record(i).state == "terminated" for i in on_gone), 10)  # type: ignore[union-attr]
+    took = time.monotonic() - started
+    rec = cluster.record(on_gone[0])
+    assert rec is not None and rec.state_reason == "Server.InternalError"
+    assert "declared lost" in rec.state_transition_reason
+    assert gone not in {n.snap.node_id for n in view(cluster).status()}
+    # The cluster carries on: a new burst fits on the two nodes left, no false ICE.
+    more = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=30, MaxCount=30)
+    more_ids = [i["InstanceId"] for i in more["Instances"]]
+    assert {cluster.record(i).node_id for i in more_ids} <= {"p1", "p2", "p3"} - {gone}  # type: ignore[union-attr]
+    # The host comes back after all: its agent terminates what survived and rejoins
+    # holding nothing, so the forgotten instances never run again.
+    procs.start(gone)
+    wait_for("rejoins empty", lambda: held_by_nodes(cluster).get(gone) == 0, 30)
+    print(f"\nforget of {gone} ({len(on_gone)} instances): terminated everywhere {took:.2f} s "
+          f"after the command started (incl. 1.5 s listening and Python start-up)")
+    survivors = [i for i in ids + more_ids if i not in on_gone]
+    settle_procs(cluster, ec2, survivors)
+    assert all(cluster.record(i).state == "terminated" for i in on_gone)  # type: ignore[union-attr]

@@ -250,3 +250,43 @@ def test_settings_load_from_toml_with_keys_from_the_environment(tmp_path: Path) 
         load_settings(path, dsn="x", environ={})
     with pytest.raises(ValueError, match="cannot read"):
         load_settings(tmp_path / "missing.toml", dsn="x", environ={})
+
+
+async def test_workers_on_a_lost_node_are_replaced_not_double_counted(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A node that goes silent takes its workers with it: they stop being replicas, so
+    the plan launches replacements, and their termination waits for the node, so a
+    returning node does not bring them back on top of the replacements."""
+    cluster = make_cluster(tmp_path_factory.mktemp("lost"), capacity="4vcpu,16GiB")
+    orch = NativeOrchestrator(_settings(cluster, cluster.endpoint), now=time.time)
+    pool = PoolRef(f"p-{uuid.uuid4().hex[:8]}", REF)
+    try:
+        await orch.scale_pool(pool, 3, request_id="three")
+        await _settle(orch, pool)
+        homes = {i.ref: cluster.record(i.ref).node_id  # type: ignore[union-attr]
+                 for i in (await orch.pool_state(pool)).instances}
+        gone = next(iter(homes.values()))
+        agent = next(a for a in cluster.cluster.nodes if a.node_id == gone)
+        cluster.run(agent.stop())  # silent from now on; its (sim) instances live on
+        lost = {ref for ref, node in homes.items() if node == gone}
+
+        async def replaced() -> bool:
+            return not await _replicas(orch, pool) & lost
+
+        await eventually(replaced, timeout=10, what="the lost node's workers dropped")
+        for ref in lost:  # terminated, deferred until the node is back
+            rec = cluster.record(ref)
+            assert rec is not None and rec.state == "shutting-down"
+        assert await orch.scale_pool(pool, 3, request_id="three-again") == ScaleResult(
+            3 - len(lost), 3)
+        await _settle(orch, pool)
+        refs = await _replicas(orch, pool)
+        assert len(refs) == 3 and not refs & lost
+        assert gone not in {cluster.record(r).node_id for r in refs}  # type: ignore[union-attr]
+    finally:
+        await orch.close()
+        cluster.stop()
+
+
+async def _replicas(orch: NativeOrchestrator, pool: PoolRef) -> set[str]:
+    return {i.ref for i in (await orch.pool_state(pool)).instances}

@@ -9,6 +9,11 @@ RoostError
  │    ├── InvalidInstanceIDMalformed 400  InvalidInstanceID.Malformed
  │    ├── InvalidInstanceIDNotFound  400  InvalidInstanceID.NotFound
  │    ├── InvalidAMIIDNotFound       400  InvalidAMIID.NotFound
+ │    ├── InvalidAMIIDMalformed      400  InvalidAMIID.Malformed
+ │    ├── InvalidAMIIDUnavailable    400  InvalidAMIID.Unavailable: no node can boot it
+ │    ├── InvalidAMINameDuplicate    400  InvalidAMIName.Duplicate
+ │    ├── InvalidAMINameMalformed    400  InvalidAMIName.Malformed
+ │    ├── Unsupported                400  no node's driver can run the launch
  │    ├── InvalidID                  400  a resource id of no kind roost knows
  │    ├── IncorrectInstanceState     400
  │    ├── OperationNotPermitted      400  termination or stop protection
@@ -110,6 +115,26 @@ class InvalidInstanceIDNotFound(ClientError):
 
 class InvalidAMIIDNotFound(ClientError):
     code = "InvalidAMIID.NotFound"
+
+
+class InvalidAMIIDMalformed(ClientError):
+    code = "InvalidAMIID.Malformed"
+
+
+class InvalidAMIIDUnavailable(ClientError):
+    code = "InvalidAMIID.Unavailable"
+
+
+class InvalidAMINameDuplicate(ClientError):
+    code = "InvalidAMIName.Duplicate"
+
+
+class InvalidAMINameMalformed(ClientError):
+    code = "InvalidAMIName.Malformed"
+
+
+class Unsupported(ClientError):
+    code = "Unsupported"
 
 
 class InvalidID(ClientError):

@@ -206,6 +206,26 @@ class CapacityView:
                       if not self._live(n, now) and now - n.seen_at <= FORGET_AFTER
                       and n.snap.fit.get(type_name, 0) > 0 and not n.snap.draining)
 
+    def lost(self, node_id: str) -> bool:
+        """The node has been silent for `MISSED_HEARTBEATS` of its periods or more, or
+        the view has listened ``full_after`` seconds without hearing from it at all
+        (see docs/architecture.md, "Lost nodes")."""
+        now = self._clock()
+        node = self._nodes.get(node_id)
+        if node is None:
+            return now >= self._full_from
+        return not self._live(node, now)
+
+    def silent_for(self, node_id: str) -> float | None:
+        """Seconds since the node's last snapshot, None if the view has none."""
+        node = self._nodes.get(node_id)
+        return None if node is None else self._clock() - node.seen_at
+
+    def forget(self, node_id: str) -> None:
+        """An operator declared the node gone for good: drop it now, not after
+        `FORGET_AFTER`. A snapshot from it later (it came back) adds it again."""
+        self._nodes.pop(node_id, None)
+
     def live_count(self) -> int:
         now = self._clock()
         return sum(1 for n in self._nodes.values() if self._live(n, now))

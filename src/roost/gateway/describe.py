@@ -20,7 +20,7 @@ from roost.domain.catalog import InstanceType
 from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import private_dns_name
-from roost.gateway.model import Paged, TagRow
+from roost.gateway.model import InstanceStatusRow, Paged, TagRow
 from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.requests import Filter, Page
 from roost.gateway.xml import timestamp
@@ -184,12 +184,14 @@ def _nic(rec: InstanceRecord, value: str) -> list[str]:
 def _root(rec: InstanceRecord, value: str) -> list[str]:
     return [value] if rec.network else []
 
-STATUS_FIELDS: dict[str, Field[InstanceRecord]] = {
-    "instance-state-name": INSTANCE_FIELDS["instance-state-name"],
-    "instance-state-code": INSTANCE_FIELDS["instance-state-code"],
-    "availability-zone": INSTANCE_FIELDS["availability-zone"],
-    "instance-status.status": lambda r: ["ok" if r.state == "running" else "not-applicable"],
-    "system-status.status": lambda r: ["ok" if r.state == "running" else "not-applicable"],
+STATUS_FIELDS: dict[str, Field[InstanceStatusRow]] = {
+    "instance-state-name": lambda s: [s.record.state],
+    "instance-state-code": lambda s: _state_code(s.record.state),
+    "availability-zone": lambda s: [s.record.availability_zone],
+    "instance-status.status": lambda s: [s.status],
+    "system-status.status": lambda s: [s.status],
+    "instance-status.reachability": lambda s: [s.reachability],
+    "system-status.reachability": lambda s: [s.reachability],
 }
 
 TYPE_FIELDS: dict[str, Field[InstanceType]] = {

@@ -69,3 +69,18 @@ FIXED_ATTRIBUTES = {
     "ramdisk": "",
     "userData": "",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatusRow:
+    """One DescribeInstanceStatus entry: the record, and the status of its checks:
+    ``ok`` (running, its node heard from), ``impaired`` (its node is lost: EC2's
+    answer for a failed host) or ``not-applicable`` (not running)."""
+
+    record: InstanceRecord
+    status: str
+
+    @property
+    def reachability(self) -> str:
+        """The one check's result: ``passed``, ``failed`` or ``not-applicable``."""
+        return {"ok": "passed", "impaired": "failed"}.get(self.status, self.status)

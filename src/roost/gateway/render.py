@@ -11,10 +11,17 @@ from collections.abc import Iterable, Mapping
 
 from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
-from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import private_dns_name
-from roost.gateway.model import InstanceAttribute, Paged, Reservation, StateChange, TagRow, Zone
+from roost.gateway.model import (
+    InstanceAttribute,
+    InstanceStatusRow,
+    Paged,
+    Reservation,
+    StateChange,
+    TagRow,
+    Zone,
+)
 from roost.gateway.xml import (
     Fragment,
     escape_text,
@@ -226,19 +233,18 @@ def state_changes(action: str, changes: Iterable[StateChange], request_id: str) 
     )))
 
 
-def _status(ok: bool) -> str:
-    word = "ok" if ok else "not-applicable"
-    detail = text("name", "reachability") + text("status", "passed" if ok else "not-applicable")
-    return text("status", word) + items("details", [detail])
+def _status(row: InstanceStatusRow) -> str:
+    detail = text("name", "reachability") + text("status", row.reachability)
+    return text("status", row.status) + items("details", [detail])
 
 
-def instance_status(page: Paged[InstanceRecord], request_id: str) -> str:
-    def one(r: InstanceRecord) -> str:
-        running = r.state == InstanceState.RUNNING
+def instance_status(page: Paged[InstanceStatusRow], request_id: str) -> str:
+    def one(row: InstanceStatusRow) -> str:
+        r = row.record
         return (
             text("instanceId", r.instance_id) + text("availabilityZone", r.availability_zone)
             + Fragment("<eventsSet/>") + state("instanceState", r.state)
-            + node("systemStatus", _status(running)) + node("instanceStatus", _status(running))
+            + node("systemStatus", _status(row)) + node("instanceStatus", _status(row))
         )
     return response("DescribeInstanceStatus", request_id,
                     items("instanceStatusSet", map(one, page.items)),
@@ -316,20 +322,6 @@ def tags(page: Paged[TagRow], request_id: str) -> str:
         + text("key", t.key) + text("value", t.value)
         for t in page.items
     )), text("nextToken", page.next_token))
-
-
-def images(found: Iterable[Image], owner_id: str, request_id: str) -> str:
-    return response("DescribeImages", request_id, items("imagesSet", (
-        text("imageId", i.image_id) + text("imageLocation", f"roost/{i.name}")
-        + text("imageState", "available") + text("imageOwnerId", owner_id)
-        + text("isPublic", True) + text("architecture", "x86_64")
-        + text("imageType", "machine") + text("name", i.name)
-        + text("description", i.description) + text("rootDeviceType", "ebs")
-        + text("rootDeviceName", ROOT_DEVICE) + Fragment("<blockDeviceMapping/>")
-        + text("virtualizationType", "hvm") + text("hypervisor", "xen")
-        + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
-        for i in found
-    )))
 
 
 def ok(action: str, request_id: str) -> str:

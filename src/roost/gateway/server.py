@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from roost.domain.catalog import BUILTIN, Catalog
 from roost.gateway.accounts import AccountStore, KeyBook, QuotaBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
+from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher, LaunchPolicy
 from roost.gateway.metrics import GatewayMetrics
@@ -66,6 +68,9 @@ class GatewayConfig:
     full_after: float = FULL_AFTER
     """Seconds after start before a full cluster is answered from the capacity view
     alone; until then the bus is asked. Raise it if nodes heartbeat slower than 2 s."""
+    reuse_port: bool = False
+    """Bind with SO_REUSEPORT, so that several gateway processes share the port
+    (`roost.gateway.workers`)."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -105,6 +110,7 @@ class Gateway:
         self._templates: TemplateStore | None = None
         self.keys = KeyBook(config.credentials, operator_key=config.operator_key,
                             default_account=config.owner_id)
+        self._images: ImageStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -136,11 +142,15 @@ class Gateway:
         templates = TemplateStore(await key_value(nc, subjects.LAUNCH_TEMPLATES_BUCKET),
                                   owner_id=cfg.owner_id)
         self._templates = templates
+        self._images = images = ImageStore(await key_value(nc, subjects.IMAGES_BUCKET),
+                                           owner_id=cfg.owner_id)
         loop = asyncio.get_running_loop()
         view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
         nodes = NodeClient(nc, timeout=cfg.launch_timeout)
-        self._index = index = InstanceIndex(records, tags, user_data)
+        orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET)
+        self._index = index = InstanceIndex(records, tags, user_data, orders)
+        index.on_forgotten = view.forget
 
         def zones() -> list[str]:
             return sorted(view.zones()) or [f"{cfg.region}a"]
@@ -153,12 +163,14 @@ class Gateway:
         index.group_overrides = network.instance_groups
         network.start(index.all)
         templates.start()
+        images.start()
         index.start()
         self.keys.start(accounts_kv)
         await asyncio.gather(index.wait_synced(sync_timeout),
                              asyncio.wait_for(self.keys.synced.wait(), sync_timeout),
                              network.wait_synced(sync_timeout),
-                             templates.wait_synced(sync_timeout))
+                             templates.wait_synced(sync_timeout),
+                             images.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload))
@@ -168,6 +180,7 @@ class Gateway:
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
             metrics=self.metrics, net=NetworkService(network), templates=templates,
             quotas=quotas,
+            images=images,
         )
         verifier = SigV4Verifier(self.keys) if cfg.auth else None
         reads = Ec2Reads(service)
@@ -178,11 +191,15 @@ class Gateway:
         # the client's delayed ACK, ~40 ms a request.
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if cfg.reuse_port:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((cfg.host, cfg.port))
         reads.endpoint = self.endpoint
+        # httptools (uvicorn's C parser) where installed, as it is with roost; no proxy
+        # headers: the gateway trusts no X-Forwarded-For.
         self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                              lifespan="off"))
+                                              lifespan="off", proxy_headers=False))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:
             if self._serving.done():
@@ -208,7 +225,7 @@ class Gateway:
         synced = bool(self._index is not None and self._index.synced)
         nodes = self.service.view.live_count() if self.service else 0
         return connected and synced, {"nats": connected, "index_synced": synced,
-                                      "live_nodes": nodes}
+                                      "live_nodes": nodes, "pid": os.getpid()}
 
     async def stop(self) -> None:
         if self._server is not None and self._serving is not None:
@@ -223,6 +240,8 @@ class Gateway:
         if self._templates is not None:
             await self._templates.stop()
         await self.keys.stop()
+        if self._images is not None:
+            await self._images.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:

@@ -24,6 +24,8 @@ from roost.bus.schemas import (
     InstanceNetwork,
     InstanceRecord,
     LaunchRequest,
+    NodeOrder,
+    now_iso,
 )
 from roost.domain.accounts import demand
 from roost.domain.catalog import InstanceType
@@ -33,17 +35,16 @@ from roost.domain.errors import (
     IncorrectInstanceState,
     InsufficientInstanceCapacity,
     InternalError,
-    InvalidAMIIDNotFound,
     InvalidParameterValue,
     OperationNotPermitted,
     RoostError,
     ServiceUnavailable,
 )
-from roost.domain.images import IMAGES
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import Subnet
 from roost.gateway.accounts import QuotaBook
 from roost.gateway.capacity import CapacityView
+from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
@@ -100,6 +101,7 @@ class Ec2Service:
         metrics: GatewayMetrics,
         net: NetworkService,
         templates: TemplateStore,
+        images: ImageStore,
         quotas: QuotaBook | None = None,
     ) -> None:
         self.site = site
@@ -113,6 +115,7 @@ class Ec2Service:
         self.net = net
         self.templates = templates
         self.quotas = quotas
+        self.images = images
 
     def zones(self) -> list[str]:
         """Zones with live nodes; the region's default zone while there are none."""
@@ -121,8 +124,7 @@ class Ec2Service:
     # -- RunInstances ---------------------------------------------------------------
 
     async def _validate(self, req: RunInstancesRequest) -> tuple[InstanceType, Target]:
-        if req.image_id not in IMAGES:
-            raise InvalidAMIIDNotFound(f"The image id '[{req.image_id}]' does not exist")
+        self.images.require(req.image_id)
         itype = await self.types.resolve(req.instance_type)
         if req.availability_zone and req.availability_zone not in self.zones():
             raise InvalidParameterValue(
@@ -258,6 +260,7 @@ class Ec2Service:
         return LaunchRequest(
             launch_id=f"{rid}-{index}", instance_type=req.instance_type,
             image_id=req.image_id, reservation_id=rid, user_data=req.user_data,
+            image=self.images.registered(req.image_id),
             tags=dict(req.tags), availability_zone=req.availability_zone,
             client_token=req.client_token, owner_id=owner, ami_launch_index=index,
             options=None if req.options == DEFAULT_OPTIONS else req.options,
@@ -297,12 +300,31 @@ class Ec2Service:
             raise IncorrectInstanceState(
                 f"The instance '{iid}' is not in a state from which it can be {_VERBS[op]}."
             )
+        if op == "terminate" and self.view.lost(rec.node_id):
+            # Accepted and deferred: the node carries it out when it is back, or
+            # `roost node forget` does (docs/architecture.md, "Lost nodes").
+            shown = await self.index.order(rec, NodeOrder(
+                op="terminate", note=f"User initiated (deferred: node {rec.node_id} is lost)",
+                at=now_iso()))
+            return StateChange(iid, shown.state, rec.state)
         reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
         current = reply.instance.state if reply.instance is not None else rec.state
         return StateChange(iid, current, reply.previous_state or rec.state)
 
+    def health(self, rec: InstanceRecord) -> str:
+        """DescribeInstanceStatus's status of ``rec``'s checks."""
+        if rec.state != "running":
+            return "not-applicable"
+        return "impaired" if self.view.lost(rec.node_id) else "ok"
+
     async def _ask(self, rec: InstanceRecord, cmd: InstanceCommand) -> CommandReply:
         """Send ``cmd`` to the node that holds ``rec``; its refusal as the EC2 error."""
+        if self.view.lost(rec.node_id):
+            silent = self.view.silent_for(rec.node_id)
+            raise ServiceUnavailable(
+                f"Node {rec.node_id}, which holds {rec.instance_id}, is lost (silent "
+                f"{f'for {silent:.0f} s' if silent is not None else 'since this gateway started'}"
+                "); only TerminateInstances is accepted for its instances until it is back.")
         try:
             reply = await self.nodes.command(rec.node_id, cmd)
         except (NoResponders, NodeTimeout) as exc:

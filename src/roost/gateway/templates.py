@@ -11,7 +11,6 @@ RunInstances parameters or XML.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import re
@@ -24,7 +23,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from roost.bus.connect import follow_bucket
+from roost.bus.connect import BucketMirror
 from roost.domain.errors import (
     MissingParameter,
     ServiceUnavailable,
@@ -114,13 +113,11 @@ def run_parameters(version: TemplateVersion) -> dict[str, str]:
     return shapes.flatten(value, shapes.run_instances_shape())
 
 
-class TemplateStore:
+class TemplateStore(BucketMirror):
     def __init__(self, kv: KeyValue, *, owner_id: str) -> None:
-        self._kv = kv
+        super().__init__(kv, "templates")
         self.owner_id = owner_id
         self._templates: dict[str, tuple[int, LaunchTemplate]] = {}
-        self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     # -- reading ---------------------------------------------------------------------
 
@@ -221,19 +218,6 @@ class TemplateStore:
             entry.value or b"", type=LaunchTemplate))
 
     # -- watching --------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            follow_bucket(self._kv, "templates", on_entry=self._on_entry, synced=self._synced),
-            name="watch-templates")
-
-    async def wait_synced(self, timeout: float) -> None:
-        await asyncio.wait_for(self._synced.wait(), timeout)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     def _on_entry(self, entry: KeyValue.Entry) -> None:
         key = entry.key

@@ -15,6 +15,7 @@ from roost.bus import subjects
 from roost.bus.connect import connect
 from roost.domain.catalog import BUILTIN, parse_types_toml
 from roost.node.agent import NodeAgent, NodeConfig
+from roost.node.forget import Forgotten, NodeAlive, forget_node
 from roost.node.hostinfo import host_capacity
 from roost.node.isolation import LEVELS, Level
 
@@ -280,3 +281,38 @@ def drain_cmd(ctx: click.Context, keep_running: bool, timeout: float) -> None:
             f"could not drain node {ctx.obj['node_id']}: {type(exc).__name__} {exc}"
         ) from None
     click.echo(f"node {reply.node_id} draining; {reply.instances} instances keep running")
+
+
+@node.command("forget")
+@click.argument("node_to_forget", metavar="NODE", required=False)
+@click.option("--listen", type=float, default=6.0, show_default=True,
+              help="Seconds to listen for the node's heartbeat first (three of the default "
+              "2 s heartbeats); a node heard from is refused.")
+@click.pass_context
+def forget_cmd(ctx: click.Context, node_to_forget: str | None, listen: float) -> None:
+    """Declare NODE's host gone for good (default: the group's --node-id).
+
+    Its instances that are not terminated yet are marked terminated (reason
+    Server.InternalError, naming the lost host), gateways drop the node from their
+    capacity view, and terminate orders are left in case the node comes back after all:
+    its agent then terminates what survived before it advertises any room. Refused while
+    the node still heartbeats (drain it instead).
+    """
+    node_id = node_to_forget or ctx.obj["node_id"]
+
+    async def go() -> Forgotten:
+        nc = await connect(ctx.obj["nats"], name="roost-node-forget")
+        try:
+            return await forget_node(nc, node_id, listen=listen)
+        finally:
+            await nc.close()
+
+    try:
+        done = asyncio.run(go())
+    except NodeAlive as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise click.ClickException(
+            f"could not forget node {node_id}: {type(exc).__name__} {exc}") from None
+    click.echo(f"node {done.node_id} forgotten: {len(done.terminated)} instances marked "
+               f"terminated")

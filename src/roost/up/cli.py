@@ -18,6 +18,7 @@ from roost.domain.images import DEFAULT_IMAGE_ID
 from roost.domain.resources import parse_quantity
 from roost.embedded.proc import free_port, port_open
 from roost.gateway.accounts import OPERATOR_KEY_FILE_ENV, load_operator_key, new_operator_key
+from roost.gateway.workers import default_workers
 from roost.node.isolation import LEVELS, Level
 from roost.up.cluster import (
     ClusterSpec,
@@ -199,12 +200,17 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
                    "taken]; it binds to --host.")
 @click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
+@click.option("--gateway-workers", type=click.IntRange(min=0), default=default_workers(),
+              show_default="min(2, cores)",
+              help="Gateway processes sharing the port, restarted if they exit; 0 runs the "
+                   "gateway on `roost up`'s own event loop.")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int | None,
        nats_port: int | None, host: str, region: str, policy: str, data_dir: Path,
        no_controller: bool, controller_port: int | None, postgres_port: int | None,
-       dashboard_port: int | None, no_dashboard: bool, no_auth: bool, log_level: str) -> None:
+       dashboard_port: int | None, no_dashboard: bool, no_auth: bool, gateway_workers: int,
+       log_level: str) -> None:
     """Run NATS, Postgres, the EC2 gateway, local nodes and the capacity controller in one
     process, until Ctrl-C.
 
@@ -230,11 +236,12 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
         controller_port=0 if no_controller else (
             _port(controller_port, DEFAULT_CONTROLLER_PORT) or free_port()),
         dashboard_port=None if no_dashboard else _port(dashboard_port, DEFAULT_DASHBOARD_PORT),
+        gateway_workers=gateway_workers,
     )
     cluster = LocalCluster(build_components(spec))
 
     def ready() -> str:
-        endpoint = cluster.gateway.endpoint
+        endpoint = cluster.endpoint
         controller_url = dsn = ""
         if spec.controller:
             ctl = cluster.get(ControllerComponent)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from prometheus_client import CollectorRegistry
+
 from roost.bus import subjects
 from roost.bus.connect import connect, key_value
 from roost.controller.adapters import FakeOrchestrator, NativeOrchestrator, NativeSettings
@@ -35,6 +37,7 @@ from roost.embedded import NatsServer, PostgresServer
 from roost.embedded.proc import describe_exit, port_open, wait_until
 from roost.gateway.accounts import AccountStore
 from roost.gateway.server import Gateway, GatewayConfig
+from roost.gateway.workers import GatewayPool
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.isolation import Level
 
@@ -135,16 +138,58 @@ class AccountsComponent:
 
 
 class GatewayComponent:
+    """The gateway on this process's event loop."""
+
     name = "gateway"
 
     def __init__(self, config: GatewayConfig) -> None:
         self.gateway = Gateway(config)
+
+    @property
+    def endpoint(self) -> str:
+        return self.gateway.endpoint
+
+    def registry(self) -> CollectorRegistry:
+        return self.gateway.metrics.registry
 
     async def start(self) -> None:
         await self.gateway.start()
 
     async def stop(self) -> None:
         await self.gateway.stop()
+
+
+class GatewayPoolComponent:
+    """Gateway worker processes on one port (`GatewayPool`), which restarts its own."""
+
+    name = "gateway"
+
+    def __init__(self, config: GatewayConfig, workers: int) -> None:
+        self.pool = GatewayPool(config, workers)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.pool.endpoint
+
+    def registry(self) -> CollectorRegistry:
+        return self.pool.metrics_registry()
+
+    async def start(self) -> None:
+        await self.pool.start()
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self.pool.supervise(self._stop),
+                                         name="gateway-pool")
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.pool.stop()
+
+
+AnyGateway = GatewayComponent | GatewayPoolComponent
 
 
 class PostgresComponent:
@@ -178,7 +223,7 @@ class ControllerComponent:
     name = "controller"
 
     def __init__(self, config: ControllerConfig, *, postgres: PostgresComponent,
-                 gateway: GatewayComponent, region: str,
+                 gateway: AnyGateway, region: str,
                  credentials: Mapping[str, str]) -> None:
         self.config = config
         self.postgres = postgres
@@ -195,7 +240,7 @@ class ControllerComponent:
     def orchestrators(self, clock: SystemClock) -> dict[str, Orchestrator]:
         key, secret = next(iter(self.credentials.items()), ("roost", "roost"))
         native = NativeOrchestrator(NativeSettings(
-            endpoint=self.gateway.gateway.endpoint, region=self.region, access_key_id=key,
+            endpoint=self.gateway.endpoint, region=self.region, access_key_id=key,
             secret_access_key=secret, dsn=self.postgres.dsn,
             # The controller bounds a whole adapter call (two or three EC2 calls) by
             # io_timeout; each call gets a share, so a slow one fails as itself.
@@ -240,7 +285,7 @@ class DashboardComponent:
 
     name = "dashboard"
 
-    def __init__(self, *, nats: NatsComponent, gateway: GatewayComponent,
+    def __init__(self, *, nats: NatsComponent, gateway: AnyGateway,
                  controller_url: str, host: str, port: int,
                  credentials: Mapping[str, str], interval: float = 5.0) -> None:
         self.nats, self.gateway = nats, gateway
@@ -255,12 +300,12 @@ class DashboardComponent:
         return self.dashboard.url
 
     async def start(self) -> None:
-        gw = self.gateway.gateway
+        gw = self.gateway
         self.dashboard = Dashboard(DashboardConfig(
             nats_urls=[self.nats.url], controller_url=self.controller_url, host=self.host,
             port=self.port, credentials=self.credentials, ec2_endpoint=gw.endpoint,
             interval=self.interval,
-        ), launches=lambda: launch_counters(gw.metrics.registry))
+        ), launches=lambda: launch_counters(gw.registry()))
         await self.dashboard.start()
 
     async def stop(self) -> None:
@@ -318,9 +363,18 @@ class LocalCluster:
 
     @property
     def gateway(self) -> Gateway:
+        """The gateway, when it runs in this process."""
         found = self.get(GatewayComponent)
         assert isinstance(found, GatewayComponent)
         return found.gateway
+
+    @property
+    def endpoint(self) -> str:
+        """The gateway's endpoint, in this process or a pool of its own."""
+        for c in self.components:
+            if isinstance(c, GatewayComponent | GatewayPoolComponent):
+                return c.endpoint
+        raise LookupError("no gateway")
 
     @property
     def nodes(self) -> list[NodeAgent]:
@@ -358,6 +412,8 @@ class ClusterSpec:
     controller_port: int = 9180
     dashboard_port: int | None = None
     """Serve the web dashboard on this port (0: any free one); None: no dashboard."""
+    gateway_workers: int = 0
+    """Gateway processes sharing the port; 0: the gateway runs in this process."""
 
     def node_host(self) -> HostCapacity:
         return HostCapacity(total=parse_quantity(self.node_capacity),
@@ -384,11 +440,13 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         for i in range(spec.nodes)
     ])
     in_bucket = spec.operator_key is not None and bool(spec.credentials)
-    gateway = GatewayComponent(GatewayConfig(
+    gateway_config = GatewayConfig(
         nats_urls=[nats.url], host=spec.host, port=spec.port, region=spec.region,
         credentials={} if in_bucket else spec.credentials, auth=spec.auth,
         policy=spec.policy, operator_key=spec.operator_key,
-    ))
+    )
+    gateway: AnyGateway = (GatewayPoolComponent(gateway_config, spec.gateway_workers)
+                           if spec.gateway_workers else GatewayComponent(gateway_config))
     # The gateway before the nodes, so it hears their first capacity snapshots.
     components: list[Component] = [nats, gateway, nodes]
     if spec.operator_key is not None and in_bucket:

@@ -29,6 +29,12 @@ unreachable gateway or a 5xx is `OrchestratorUnavailable`. Scale-down terminates
 Kubernetes' order, pending instances first, then the lowest termination priority, then
 the newest: with the controller's drained worker at -1000, that worker's instance.
 
+**Lost nodes.** An instance whose ``DescribeInstanceStatus`` system status is
+``impaired`` (its node is silent) is not a replica: the plan sees the pool short and
+launches a replacement, and the instance is terminated (deferred by the gateway until
+its node is back or forgotten), so a returning node never adds a worker on top of its
+replacement.
+
 **Node figures** come from the gateway's admin API (``GET /api/v1/nodes``): live,
 non-draining nodes big enough for one worker, with allocatable and used (allocatable
 minus free) CPU and memory.
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shlex
 import sys
@@ -85,6 +92,8 @@ from roost.controller.orchestrator import (
 )
 from roost.domain.catalog import BUILTIN
 from roost.domain.images import DEFAULT_IMAGE_ID
+
+log = logging.getLogger(__name__)
 
 POOL_TAG = "roost:pool"
 PRIORITY_TAG = "roost:termination-priority"
@@ -293,6 +302,37 @@ class NativeOrchestrator:
         raise ScaleRejected(f"pool {pool.pool_id}: ClientToken kept naming finished launches")
 
     async def _instances(self, pool: PoolRef) -> list[_Instance]:
+        """The pool's replicas: its pending and running instances, less those on a lost
+        node, which are terminated (deferred until the node is back or forgotten) so a
+        returning node does not bring back workers already replaced."""
+        out = await self._listed(pool)
+        lost = await self._impaired({i.instance_id for i in out})
+        if lost:
+            log.warning("pool %s: %d instances on lost nodes are gone, replacing them: %s",
+                        pool.pool_id, len(lost), ", ".join(sorted(lost)))
+            try:
+                await self._ec2_call("TerminateInstances", InstanceIds=sorted(lost))
+            except OrchestratorError as exc:  # not counted either way; tried next tick
+                log.warning("pool %s: terminating instances on lost nodes: %s",
+                            pool.pool_id, exc)
+        return [i for i in out if i.instance_id not in lost]
+
+    async def _impaired(self, ids: set[str]) -> set[str]:
+        """Those of ``ids`` whose system status is impaired: their node is lost."""
+        if not ids:
+            return set()
+        found: set[str] = set()
+        kwargs: dict[str, Any] = {"IncludeAllInstances": True, "Filters": [
+            {"Name": "system-status.status", "Values": ["impaired"]}]}
+        while True:
+            page = await self._ec2_call("DescribeInstanceStatus", **kwargs)
+            found.update(s["InstanceId"] for s in page.get("InstanceStatuses", []))
+            token = page.get("NextToken")
+            if not token:
+                return found & ids
+            kwargs["NextToken"] = token
+
+    async def _listed(self, pool: PoolRef) -> list[_Instance]:
         out: list[_Instance] = []
         kwargs: dict[str, Any] = {"Filters": [
             {"Name": f"tag:{POOL_TAG}", "Values": [pool.pool_id]},
