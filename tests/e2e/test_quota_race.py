@@ -1,6 +1,6 @@
 """Quotas under concurrency: two gateway processes launching at once for one account
 never take it past its vCPU quota, not by one vCPU; a terminated instance gives its
-vCPUs back, and so does a launch that fails."""
+vCPUs back, and so does a launch that fails; a stopped one holds none until started."""
 
 from __future__ import annotations
 
@@ -148,4 +148,18 @@ def test_two_gateways_racing_never_exceed_the_vcpu_quota(two_gateways: Any) -> N
     usage = _usage(env, url, account)
     assert usage["vcpus"] == {"standard": 2 * len(launched)}
     assert usage["launches_in_flight"] == 0
+
+    # Quotas count running instances: a stop gives back, a start must fit again.
+    ec2.stop_instances(InstanceIds=[launched[0]])
+    ec2.get_waiter("instance_stopped").wait(InstanceIds=[launched[0]],
+                                            WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
+    running = 2 * (len(launched) - 1)
+    assert _usage(env, url, account)["vcpus"] == {"standard": running}
+    _cli(env, url, "accounts", "set-quota", account, "--vcpus", f"standard={running + 1}")
+    with pytest.raises(ClientError) as err:
+        ec2.start_instances(InstanceIds=[launched[0]])
+    assert err.value.response["Error"]["Code"] == "VcpuLimitExceeded"
+    _cli(env, url, "accounts", "set-quota", account, "--vcpus", f"standard={running + 2}")
+    ec2.start_instances(InstanceIds=[launched[0]])
+    assert _usage(env, url, account)["vcpus"] == {"standard": running + 2}
     ec2.terminate_instances(InstanceIds=launched)

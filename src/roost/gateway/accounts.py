@@ -384,6 +384,23 @@ class QuotaBook:
         await self.store.change_usage(account_id, edit)
         return granted
 
+    async def hold_instance(self, account_id: str, instance_id: str, held: Held) -> None:
+        """A stopped instance starting counts against the quotas again (EC2's are on
+        running instances): held as it starts, or refused with EC2's limit error."""
+        quotas = self.keys.quotas(account_id)
+        if quotas is None:
+            return
+
+        def edit(usage: Usage) -> Usage:
+            if instance_id in usage.instances:
+                return usage  # still held (it stopped on its own, not through a gateway)
+            now = time.time()
+            usage = self._pruned(usage, now)
+            check(quotas, usage, held, now)
+            return Usage({**usage.instances, instance_id: held}, usage.holds)
+
+        await self.store.change_usage(account_id, edit)
+
     def _pruned(self, usage: Usage, now: float) -> Usage:
         return Usage({i: h for i, h in usage.instances.items() if not self._ended(i)},
                      usage.live_holds(now))

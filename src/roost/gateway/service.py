@@ -27,7 +27,7 @@ from roost.bus.schemas import (
     NodeOrder,
     now_iso,
 )
-from roost.domain.accounts import demand
+from roost.domain.accounts import DEFAULT_ACCOUNT, demand
 from roost.domain.catalog import InstanceType
 from roost.domain.commands import Protection, refusal
 from roost.domain.errors import (
@@ -307,7 +307,15 @@ class Ec2Service:
                 op="terminate", note=f"User initiated (deferred: node {rec.node_id} is lost)",
                 at=now_iso()))
             return StateChange(iid, shown.state, rec.state)
-        reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+        held = op == "start" and rec.state == "stopped" and await self._hold(rec)
+        try:
+            reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+        except Exception:
+            if held:
+                await self._release(rec)
+            raise
+        if op == "stop":
+            await self._release(rec)
         current = reply.instance.state if reply.instance is not None else rec.state
         return StateChange(iid, current, reply.previous_state or rec.state)
 
@@ -316,6 +324,19 @@ class Ec2Service:
         if rec.state != "running":
             return "not-applicable"
         return "impaired" if self.view.lost(rec.node_id) else "ok"
+
+    async def _hold(self, rec: InstanceRecord) -> bool:
+        """Quotas count running instances: a start holds again what a stop gave back."""
+        if self.quotas is None:
+            return False
+        itype = await self.types.resolve(rec.instance_type)
+        await self.quotas.hold_instance(rec.owner_id or DEFAULT_ACCOUNT, rec.instance_id,
+                                        demand(itype, 1, time.time()))
+        return True
+
+    async def _release(self, rec: InstanceRecord) -> None:
+        if self.quotas is not None:
+            await self.quotas.release(rec.owner_id or DEFAULT_ACCOUNT, rec.instance_id)
 
     async def _ask(self, rec: InstanceRecord, cmd: InstanceCommand) -> CommandReply:
         """Send ``cmd`` to the node that holds ``rec``; its refusal as the EC2 error."""
