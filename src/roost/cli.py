@@ -118,14 +118,15 @@ def _register() -> None:
     from roost.controller.cli import controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
+    from roost.gateway.accounts_cli import accounts, keys
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
     from roost.node.vm.cli import images
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, dashboard, node, images, gateway, status, controller, pools, db,
-                worker, bench):
+    for cmd in (up, demo, dashboard, node, images, gateway, status, accounts, keys,
+                controller, pools, db, worker, bench):
         main.add_command(cmd)
 
 

@@ -56,6 +56,8 @@ RoostError
  │    ├── InvalidRouteTableIDNotFound 400  InvalidRouteTableID.NotFound
  │    ├── InvalidNetworkAclIDNotFound 400  InvalidNetworkAclID.NotFound
  │    ├── InvalidParameter           400  InvalidParameter
+ │    ├── VcpuLimitExceeded          400  an account's vCPU (or GPU) quota
+ │    ├── InstanceLimitExceeded      400  an account's instance-count quota
  │    ├── AuthFailure                401
  │    ├── RequestExpired             400
  │    └── DryRunOperation            412  (EC2 reports a successful dry run as an error)
@@ -310,6 +312,14 @@ class InvalidNetworkAclIDNotFound(ClientError):
 
 class InvalidParameter(ClientError):
     code = "InvalidParameter"
+
+
+class VcpuLimitExceeded(ClientError):
+    code = "VcpuLimitExceeded"
+
+
+class InstanceLimitExceeded(ClientError):
+    code = "InstanceLimitExceeded"
 
 
 class DryRunOperation(ClientError):

@@ -34,6 +34,7 @@ from roost.gateway.netrequests import resource_tags
 from roost.gateway.query import Params
 from roost.gateway.render import ROOT_DEVICE
 from roost.gateway.service import DRY_RUN
+from roost.gateway.tenancy import account
 from roost.gateway.xml import Fragment, items, response, text, timestamp
 
 # -- RegisterImage: what a well-formed call is ----------------------------------------
@@ -124,7 +125,7 @@ def describe(store: ImageStore, p: Params) -> list[Image]:
         raise DryRunOperation(DRY_RUN)
     chosen = ([store.require(i) for i in dict.fromkeys(req.ids)] if req.ids
               else store.all())
-    owners = {store.owner_id if o == "self" else o for o in p.values("Owner")}
+    owners = {account(store.owner_id) if o == "self" else o for o in p.values("Owner")}
     if owners:
         chosen = [i for i in chosen if store.owner(i) in owners]
     return apply_filters(chosen, req.filters, _fields(store), tags=lambda i: dict(i.tags))
@@ -154,7 +155,7 @@ def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> st
 
 
 async def register_image(c: Call) -> str:
-    image, dry_run = parse_register_image(c.params, c.service.images.owner_id)
+    image, dry_run = parse_register_image(c.params, account(c.service.images.owner_id))
     if dry_run:
         raise DryRunOperation(DRY_RUN)
     image = await c.service.images.register(image)

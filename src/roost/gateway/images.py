@@ -30,6 +30,7 @@ from roost.domain.errors import (
     ServiceUnavailable,
 )
 from roost.domain.images import IMAGES, Image, check_image_id
+from roost.gateway.tenancy import visible
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +57,16 @@ class ImageStore(BucketMirror):
         return image.owner_id or self.owner_id
 
     def all(self) -> list[Image]:
-        return [*IMAGES.values(), *sorted(self._registered.values(), key=lambda i: i.created)]
+        """The built-ins (public) and the caller's registered images (private to their
+        account, `roost.gateway.tenancy`)."""
+        mine = [i for i in self._registered.values() if visible(self.owner(i))]
+        return [*IMAGES.values(), *sorted(mine, key=lambda i: i.created)]
 
     def get(self, image_id: str) -> Image | None:
-        return IMAGES.get(image_id) or self._registered.get(image_id)
+        if image_id in IMAGES:
+            return IMAGES[image_id]
+        found = self._registered.get(image_id)
+        return found if found is None or visible(self.owner(found)) else None
 
     def registered(self, image_id: str) -> Image | None:
         """A registered image (which nodes learn from the launch), None for a built-in."""

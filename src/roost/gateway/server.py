@@ -21,10 +21,11 @@ from nats.aio.msg import Msg
 
 from roost.bus import subjects
 from roost.bus.connect import connect, key_value
-from roost.bus.schemas import CapacitySnapshot, decode
+from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
+from roost.gateway.accounts import AccountStore, KeyBook, QuotaBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
 from roost.gateway.images import ImageStore
@@ -51,7 +52,9 @@ class GatewayConfig:
     port: int = 8773
     region: str = "roost-1"
     credentials: Mapping[str, str] = field(default_factory=dict)
-    """Access key id -> secret access key."""
+    """Static access key id -> secret access key, all of the default account."""
+    operator_key: bytes | None = None
+    """Opens the secrets of the keys in the accounts bucket (`roost keys create`)."""
     auth: bool = True
     policy: str = DEFAULT_POLICY
     workload: Workload | None = None
@@ -73,9 +76,18 @@ class GatewayConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown placement policy {self.policy!r}; known: "
                              + ", ".join(POLICIES))
-        if self.auth and not self.credentials:
+        if self.auth and not self.credentials and self.operator_key is None:
             raise ValueError("no access keys configured: give --credentials KEY:SECRET "
-                             "(or ROOST_GATEWAY_CREDENTIALS), or run with --no-auth")
+                             "(or ROOST_GATEWAY_CREDENTIALS), or the operator key that "
+                             "opens the accounts bucket's keys (ROOST_OPERATOR_KEY or "
+                             "ROOST_OPERATOR_KEY_FILE), or run with --no-auth")
+
+
+def _each(*calls: Callable[[InstanceRecord], None]) -> Callable[[InstanceRecord], None]:
+    def call(rec: InstanceRecord) -> None:
+        for c in calls:
+            c(rec)
+    return call
 
 
 class _Server(uvicorn.Server):
@@ -96,6 +108,8 @@ class Gateway:
         self._index: InstanceIndex | None = None
         self._network: NetworkStore | None = None
         self._templates: TemplateStore | None = None
+        self.keys = KeyBook(config.credentials, operator_key=config.operator_key,
+                            default_account=config.owner_id)
         self._images: ImageStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
@@ -124,6 +138,7 @@ class Gateway:
         network_kv = await key_value(nc, subjects.NETWORK_BUCKET)
         addresses_kv = await key_value(nc, subjects.ADDRESSES_BUCKET)
         key_pairs_kv = await key_value(nc, subjects.KEY_PAIRS_BUCKET)
+        accounts_kv = await key_value(nc, subjects.ACCOUNTS_BUCKET)
         templates = TemplateStore(await key_value(nc, subjects.LAUNCH_TEMPLATES_BUCKET),
                                   owner_id=cfg.owner_id)
         self._templates = templates
@@ -143,13 +158,16 @@ class Gateway:
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones)
-        index.on_gone = network.instance_gone
+        quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
+        index.on_gone = _each(network.instance_gone, quotas.instance_gone)
         index.group_overrides = network.instance_groups
         network.start(index.all)
         templates.start()
         images.start()
         index.start()
+        self.keys.start(accounts_kv)
         await asyncio.gather(index.wait_synced(sync_timeout),
+                             asyncio.wait_for(self.keys.synced.wait(), sync_timeout),
                              network.wait_synced(sync_timeout),
                              templates.wait_synced(sync_timeout),
                              images.wait_synced(sync_timeout))
@@ -161,11 +179,13 @@ class Gateway:
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
             metrics=self.metrics, net=NetworkService(network), templates=templates,
+            quotas=quotas,
             images=images,
         )
-        verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
+        verifier = SigV4Verifier(self.keys) if cfg.auth else None
         reads = Ec2Reads(service)
-        app = build_app(AppParts(service, reads, verifier), health=self._health)
+        app = build_app(AppParts(service, reads, verifier, self.keys.caller),
+                        health=self._health)
         # IPPROTO_TCP spelled out: asyncio turns Nagle off (TCP_NODELAY) only on
         # sockets whose proto says TCP. With proto 0 every keep-alive reply waited out
         # the client's delayed ACK, ~40 ms a request.
@@ -219,6 +239,7 @@ class Gateway:
             await self._network.stop()
         if self._templates is not None:
             await self._templates.stop()
+        await self.keys.stop()
         if self._images is not None:
             await self._images.stop()
         if self._nc is not None and not self._nc.is_closed:

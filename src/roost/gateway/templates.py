@@ -36,6 +36,7 @@ from roost.domain.errors import (
 )
 from roost.gateway import shapes
 from roost.gateway.query import Params
+from roost.gateway.tenancy import account, visible
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"[a-zA-Z0-9().\-/_]{3,128}")
@@ -77,8 +78,15 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _name_key(name: str) -> str:
-    return "ltname." + base64.b32encode(name.encode()).decode()
+def _name_key(owner_id: str, name: str) -> str:
+    """Template names are unique per account, as on EC2."""
+    return f"ltname.{owner_id}." + base64.b32encode(name.encode()).decode()
+
+
+def owner_of(template: LaunchTemplate) -> str:
+    """The account in ``created_by`` (``arn:aws:iam::<account>:root``)."""
+    parts = template.created_by.split(":")
+    return parts[4] if len(parts) > 4 else ""
 
 
 def template_data(p: Params) -> dict[str, str]:
@@ -114,7 +122,9 @@ class TemplateStore(BucketMirror):
     # -- reading ---------------------------------------------------------------------
 
     def all(self) -> list[LaunchTemplate]:
-        return sorted((t for _, t in self._templates.values()), key=lambda t: t.created)
+        """The caller's templates (`roost.gateway.tenancy`)."""
+        return sorted((t for _, t in self._templates.values() if visible(owner_of(t))),
+                      key=lambda t: t.created)
 
     def find(self, template_id: str = "", name: str = "") -> LaunchTemplate:
         if not template_id and not name:
@@ -125,12 +135,12 @@ class TemplateStore(BucketMirror):
                 raise TemplateIdMalformed(
                     f"The launch template ID '{template_id[:80]}' is malformed.")
             found = self._templates.get(template_id)
-            if found is None:
+            if found is None or not visible(owner_of(found[1])):
                 raise TemplateIdNotFound(
                     f"The specified launch template, with template ID {template_id}, "
                     "does not exist.")
             return found[1]
-        for _, t in self._templates.values():
+        for t in self.all():
             if t.name == name:
                 return t
         raise TemplateNameNotFound(
@@ -145,20 +155,21 @@ class TemplateStore(BucketMirror):
                 "A launch template name must be 3 to 128 characters of letters, digits "
                 "and ( ) . - / _")
         tid = "lt-" + secrets.token_hex(9)[:17]
+        owner = account(self.owner_id)
         try:
-            await self._kv.create(_name_key(name), tid.encode())
+            await self._kv.create(_name_key(owner, name), tid.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             raise TemplateNameExists(
                 f"Launch template name already in use: {name}") from None
         except (TimeoutError, nats.errors.Error) as exc:
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         at = now()
-        template = LaunchTemplate(tid, name, at, f"arn:aws:iam::{self.owner_id}:root", 1, 1,
+        template = LaunchTemplate(tid, name, at, f"arn:aws:iam::{owner}:root", 1, 1,
                                   [TemplateVersion(1, data, description, at)], tags)
         try:
             rev = await self._kv.create(tid, msgspec.json.encode(template))
         except (TimeoutError, nats.errors.Error) as exc:
-            await self._forget_name(name)
+            await self._forget_name(owner, name)
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         self._templates[tid] = (rev, template)
         return template
@@ -189,11 +200,11 @@ class TemplateStore(BucketMirror):
         except (TimeoutError, nats.errors.Error) as exc:
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         self._templates.pop(template.template_id, None)
-        await self._forget_name(template.name)
+        await self._forget_name(owner_of(template), template.name)
 
-    async def _forget_name(self, name: str) -> None:
+    async def _forget_name(self, owner: str, name: str) -> None:
         try:
-            await self._kv.delete(_name_key(name))
+            await self._kv.delete(_name_key(owner, name))
         except (TimeoutError, nats.errors.Error) as exc:
             log.warning("could not release launch template name %s: %r", name, exc)
 

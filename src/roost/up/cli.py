@@ -17,6 +17,7 @@ from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 from roost.domain.resources import parse_quantity
 from roost.embedded.proc import free_port, port_open
+from roost.gateway.accounts import OPERATOR_KEY_FILE_ENV, load_operator_key, new_operator_key
 from roost.gateway.workers import default_workers
 from roost.node.isolation import LEVELS, Level
 from roost.up.cluster import (
@@ -49,6 +50,21 @@ def load_or_make_credentials(data_dir: Path) -> tuple[str, str]:
     path.write_text(json.dumps({"access_key_id": key, "secret_access_key": secret}))
     path.chmod(0o600)
     return key, secret
+
+
+def load_or_make_operator_key(data_dir: Path) -> bytes:
+    """The operator key kept in ``data_dir/operator.key`` (0600), made on first use: it
+    seals the access key secrets in the accounts bucket. `roost keys create` finds it
+    with ROOST_OPERATOR_KEY_FILE pointing there."""
+    path = data_dir / "operator.key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(new_operator_key())
+    key = load_operator_key({OPERATOR_KEY_FILE_ENV: str(path)})
+    assert key is not None
+    return key
 
 
 def _port(wanted: int | None, default: int) -> int:
@@ -215,6 +231,7 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
         node_capacity=node_capacity, nats_port=_port(nats_port, DEFAULT_NATS_PORT), host=host,
         port=_port(port, DEFAULT_PORT), region=region, policy=policy, auth=not no_auth,
         credentials={key: secret}, controller=not no_controller,
+        operator_key=load_or_make_operator_key(data_dir),
         postgres_port=None if no_controller else _port(postgres_port, DEFAULT_POSTGRES_PORT),
         controller_port=0 if no_controller else (
             _port(controller_port, DEFAULT_CONTROLLER_PORT) or free_port()),
@@ -230,21 +247,25 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
             ctl = cluster.get(ControllerComponent)
             assert isinstance(ctl, ControllerComponent)
             controller_url, dsn = ctl.url, ctl.postgres.dsn
+        nats = cluster.get(NatsComponent)
+        assert isinstance(nats, NatsComponent)
+        nats_url = nats.url
         env_file = data_dir / "env"
         env_file.write_text(
             f"export AWS_ACCESS_KEY_ID={key}\nexport AWS_SECRET_ACCESS_KEY={secret}\n"
             f"export AWS_DEFAULT_REGION={region}\nexport AWS_ENDPOINT_URL_EC2={endpoint}\n"
             + (f"export ROOST_DSN={dsn}\n" if dsn else "")
+            # `roost accounts` / `roost keys` against this cluster:
+            + f"export ROOST_NATS={nats_url}\n"
+            + f"export {OPERATOR_KEY_FILE_ENV}={data_dir / 'operator.key'}\n"
         )
         os.chmod(env_file, 0o600)
-        nats = cluster.get(NatsComponent)
-        assert isinstance(nats, NatsComponent)
         levels = sorted({f"{a.driver.isolation}" + (f" ({a.driver.isolation_note})"
                                                      if a.driver.isolation_note else "")
                          for a in cluster.nodes}) if spec.driver == "process" else []
         board = next((c for c in cluster.components if isinstance(c, DashboardComponent)),
                      None)
-        text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
+        text = banner(spec, endpoint=endpoint, nats_url=nats_url, key=key, secret=secret,
                       controller_url=controller_url, dsn=dsn,
                       dashboard_url=board.url if board else "", isolation=", ".join(levels))
         return f"{text}\n(or: source {env_file})"

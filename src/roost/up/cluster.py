@@ -20,6 +20,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from roost.bus import subjects
+from roost.bus.connect import connect, key_value
 from roost.controller.adapters import FakeOrchestrator, NativeOrchestrator, NativeSettings
 from roost.controller.clock import SystemClock
 from roost.controller.config import ControllerConfig
@@ -28,10 +30,12 @@ from roost.controller.service import serve
 from roost.dashboard.server import Dashboard, DashboardConfig
 from roost.dashboard.sources import launch_counters
 from roost.decide.placement import DEFAULT_POLICY
+from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
 from roost.embedded import NatsServer, PostgresServer
 from roost.embedded.proc import describe_exit, port_open, wait_until
+from roost.gateway.accounts import AccountStore
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.gateway.workers import GatewayPool
 from roost.node.agent import NodeAgent, NodeConfig
@@ -99,6 +103,38 @@ class NodesComponent:
 
     async def stop(self) -> None:
         await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)
+
+
+class AccountsComponent:
+    """Registers the cluster's keys in the accounts bucket as admin keys of the default
+    account (the operator's: the dashboard and the controller see every account through
+    them), when it first makes that account. From then on they are keys like any other
+    (shown by ``roost accounts show 000000000000``, held to its quotas, revocable), and
+    a restart does not bring back a key the operator revoked."""
+
+    name = "accounts"
+
+    def __init__(self, nats: NatsComponent, credentials: Mapping[str, str],
+                 operator_key: bytes) -> None:
+        self.nats = nats
+        self.credentials = dict(credentials)
+        self.operator_key = operator_key
+
+    async def start(self) -> None:
+        nc = await connect([self.nats.url], name="roost-up-accounts")
+        try:
+            store = AccountStore(await key_value(nc, subjects.ACCOUNTS_BUCKET))
+            if await store.account(DEFAULT_ACCOUNT) is not None:
+                return
+            await store.create_account("default", account_id=DEFAULT_ACCOUNT)
+            for key_id, secret in self.credentials.items():
+                await store.create_key(DEFAULT_ACCOUNT, self.operator_key, admin=True,
+                                       key_id=key_id, secret=secret)
+        finally:
+            await nc.close()
+
+    async def stop(self) -> None:
+        pass
 
 
 class GatewayComponent:
@@ -366,6 +402,9 @@ class ClusterSpec:
     policy: str = DEFAULT_POLICY
     auth: bool = True
     credentials: Mapping[str, str] = field(default_factory=dict)
+    operator_key: bytes | None = None
+    """Seals the keys in the accounts bucket; with it, ``credentials`` are registered
+    there as the default account's keys (`AccountsComponent`)."""
     controller: bool = True
     """Also run Postgres and the capacity controller."""
     postgres_port: int | None = None
@@ -400,14 +439,18 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         )
         for i in range(spec.nodes)
     ])
+    in_bucket = spec.operator_key is not None and bool(spec.credentials)
     gateway_config = GatewayConfig(
         nats_urls=[nats.url], host=spec.host, port=spec.port, region=spec.region,
-        credentials=spec.credentials, auth=spec.auth, policy=spec.policy,
+        credentials={} if in_bucket else spec.credentials, auth=spec.auth,
+        policy=spec.policy, operator_key=spec.operator_key,
     )
     gateway: AnyGateway = (GatewayPoolComponent(gateway_config, spec.gateway_workers)
                            if spec.gateway_workers else GatewayComponent(gateway_config))
     # The gateway before the nodes, so it hears their first capacity snapshots.
     components: list[Component] = [nats, gateway, nodes]
+    if spec.operator_key is not None and in_bucket:
+        components.insert(1, AccountsComponent(nats, spec.credentials, spec.operator_key))
     if spec.controller:
         postgres = PostgresComponent(spec.data_dir / "postgres", port=spec.postgres_port)
         controller = ControllerComponent(
