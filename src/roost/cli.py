@@ -104,7 +104,7 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
-    from roost.controller.cli import controller, db, pools
+    from roost.controller.cli import api_tokens, controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
     from roost.gateway.cli import gateway, status
@@ -113,8 +113,8 @@ def _register() -> None:
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, dashboard, node, images, gateway, status, controller, pools, db,
-                worker, bench):
+    for cmd in (up, demo, dashboard, node, images, gateway, status, controller, pools,
+                api_tokens, db, worker, bench):
         main.add_command(cmd)
 
 

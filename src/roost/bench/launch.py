@@ -47,6 +47,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from roost.bus.auth import ENV as ENV_NATS_CREDS
+from roost.bus.auth import NatsAuth
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 
@@ -301,7 +303,8 @@ async def floor_level(nats_url: str, *, concurrency: int, pairs: int) -> Level:
     """Two nats-py request-replies per pair against the trivial responder."""
     import nats
 
-    nc = await nats.connect(nats_url)
+    auth = NatsAuth.from_env()  # roost up's admin user, as `local_cluster` sets it
+    nc = await nats.connect(nats_url, **(auth.options() if auth else {}))
     firsts: list[float] = []
     seconds: list[float] = []
     errors = 0
@@ -502,6 +505,9 @@ def local_cluster(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLIC
             )
         try:
             env = _wait_for_env(proc, data / "env", log)
+            # The floor's raw clients authenticate as roost's own components do.
+            if env.get(ENV_NATS_CREDS):
+                os.environ[ENV_NATS_CREDS] = env[ENV_NATS_CREDS]
             yield (env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
                    env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
         finally:
@@ -565,9 +571,11 @@ def moto_server() -> Iterator[str]:
 RESPONDER = """
 import asyncio, sys
 import nats
+from roost.bus.auth import NatsAuth
 
 async def main(url, subject):
-    nc = await nats.connect(url)
+    auth = NatsAuth.from_env()
+    nc = await nats.connect(url, **(auth.options() if auth else {}))
     async def reply(msg):
         await msg.respond(msg.data)
     await nc.subscribe(subject, cb=reply)

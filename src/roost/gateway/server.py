@@ -19,6 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect, key_value
 from roost.bus.schemas import CapacitySnapshot, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
@@ -63,6 +64,8 @@ class GatewayConfig:
     full_after: float = FULL_AFTER
     """Seconds after start before a full cluster is answered from the capacity view
     alone; until then the bus is asked. Raise it if nodes heartbeat slower than 2 s."""
+    nats_auth: NatsAuth | None = None
+    """The gateway's NATS user (`roost.bus.auth`); None connects anonymously."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -110,7 +113,7 @@ class Gateway:
 
     async def start(self, *, sync_timeout: float = 15.0) -> None:
         cfg = self.config
-        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway")
+        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway", auth=cfg.nats_auth)
         records = await key_value(nc, subjects.INSTANCES_BUCKET)
         tags = await key_value(nc, subjects.TAGS_BUCKET)
         user_data = await key_value(nc, subjects.USER_DATA_BUCKET)
