@@ -26,7 +26,7 @@ from rich.table import Table
 
 from roost.controller import config as cfg
 from roost.decide.snapshot import PoolSpec
-from roost.store import apitokens
+from roost.store import apitokens, roles
 from roost.store import pools as pools_q
 from roost.store.errors import StoreError
 from roost.store.migrations import migrate_dsn
@@ -335,3 +335,19 @@ def db_migrate(dsn: str) -> None:
         click.echo(f"applied {m.version:04d} {m.name}")
     if not applied:
         click.echo("schema up to date")
+
+
+@db.command("worker-role")
+@_dsn
+def db_worker_role(dsn: str) -> None:
+    """Create the least-privilege role workers connect as (or give it a new password),
+    and print its DSN: what native pools hand enrolled workers (the native settings'
+    ``dsn``) and what a Kubernetes worker's Secret holds. Run as a role that may create
+    roles, after `roost db migrate`."""
+    try:
+        password = roles.new_password()
+        worker = roles.dsn_as(dsn, roles.WORKER_ROLE, password)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--dsn") from None
+    _run(_with_conn(dsn, lambda c: roles.ensure_worker_role(c, password)))
+    click.echo(worker)

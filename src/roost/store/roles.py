@@ -10,7 +10,9 @@ Making it needs a role with CREATEROLE (`roost db worker-role` as the superuser)
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 WORKER_ROLE = "roost_worker"
 GRANTS = (
@@ -31,6 +33,22 @@ async def ensure_worker_role(conn: Any, password: str) -> None:
         await conn.execute(f"{verb} ROLE {WORKER_ROLE} LOGIN PASSWORD {literal}")
         for grant in GRANTS:
             await conn.execute(grant)
+
+
+def new_password() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def dsn_as(dsn: str, role: str, password: str) -> str:
+    """``dsn`` (a URL) with its user and password replaced: same host, port, database
+    and options."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgres", "postgresql") or not parts.hostname:
+        raise ValueError("want a postgresql://user@host/db DSN")
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = f"{quote(role, safe='')}:{quote(password, safe='')}@{host}" + (
+        f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 async def record_enrollment(db: Any, instance_id: str, pool_id: str) -> bool:
