@@ -519,7 +519,7 @@ def _nats_url(log: Path) -> str:
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
             if line.strip().startswith("NATS ") and "nats://" in line:
-                return line.split()[-1]
+                return line.split()[1]  # "NATS  nats://...  (what guards it)"
         time.sleep(0.05)
     return ""
 
