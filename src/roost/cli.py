@@ -115,7 +115,7 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
-    from roost.controller.cli import controller, db, pools
+    from roost.controller.cli import api_tokens, controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
     from roost.gateway.accounts_cli import accounts, keys
@@ -126,7 +126,7 @@ def _register() -> None:
     from roost.worker.cli import worker
 
     for cmd in (up, demo, dashboard, node, images, gateway, status, accounts, keys,
-                controller, pools, db, worker, bench):
+                controller, pools, api_tokens, db, worker, bench):
         main.add_command(cmd)
 
 

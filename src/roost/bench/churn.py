@@ -33,6 +33,7 @@ from botocore.credentials import Credentials
 
 from roost.bench.launch import Connection, Signer, machine, run_level, up_process
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 
 DESCRIBE = "Action=DescribeInstances&Version=2016-11-15"
 
@@ -97,7 +98,8 @@ def rss_mib(pid: int) -> float | None:
 
 
 async def bucket_kib(nats_url: str) -> dict[str, float | None]:
-    nc = await nats.connect(nats_url, connect_timeout=5)
+    auth = NatsAuth.from_env()  # roost up's admin user, as `up_process` sets it
+    nc = await nats.connect(nats_url, connect_timeout=5, **(auth.options() if auth else {}))
     try:
         js = nc.jetstream()
         out: dict[str, float | None] = {}

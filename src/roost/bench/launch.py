@@ -47,6 +47,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from roost.bus.auth import ENV as ENV_NATS_CREDS
+from roost.bus.auth import NatsAuth
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 
@@ -309,7 +311,8 @@ async def floor_level(nats_url: str, *, concurrency: int, pairs: int) -> Level:
     """Two nats-py request-replies per pair against the trivial responder."""
     import nats
 
-    nc = await nats.connect(nats_url)
+    auth = NatsAuth.from_env()  # roost up's admin user, as `local_cluster` sets it
+    nc = await nats.connect(nats_url, **(auth.options() if auth else {}))
     firsts: list[float] = []
     seconds: list[float] = []
     errors = 0
@@ -631,6 +634,9 @@ def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
         try:
             env = _wait_for_env(proc, data / "env", log)
             CLUSTER_PIDS[env["AWS_ENDPOINT_URL_EC2"]] = proc.pid
+            # The floor's raw clients authenticate as roost's own components do.
+            if env.get(ENV_NATS_CREDS):
+                os.environ[ENV_NATS_CREDS] = env[ENV_NATS_CREDS]
             yield UpProcess(proc.pid, env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
                             env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
         finally:
@@ -643,7 +649,7 @@ def _nats_url(log: Path) -> str:
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
             if line.strip().startswith("NATS ") and "nats://" in line:
-                return line.split()[-1]
+                return line.split()[1]  # "NATS  nats://...  (what guards it)"
         time.sleep(0.05)
     return ""
 
@@ -695,9 +701,11 @@ def moto_server() -> Iterator[str]:
 RESPONDER = """
 import asyncio, sys
 import nats
+from roost.bus.auth import NatsAuth
 
 async def main(url, subject):
-    nc = await nats.connect(url)
+    auth = NatsAuth.from_env()
+    nc = await nats.connect(url, **(auth.options() if auth else {}))
     async def reply(msg):
         await msg.respond(msg.data)
     await nc.subscribe(subject, cb=reply)

@@ -13,13 +13,18 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from roost.bus.auth import NatsAuth
+
 log = logging.getLogger(__name__)
 
 
 async def connect(
-    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0
+    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0,
+    auth: NatsAuth | None = None,
 ) -> Client:
-    """A connection that reconnects forever: a node or gateway outlives a NATS restart."""
+    """A connection that reconnects forever: a node or gateway outlives a NATS restart.
+    ``auth`` carries the user's credentials and TLS (`roost.bus.auth`); without it the
+    connection is anonymous, which a server with users configured refuses."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
@@ -32,6 +37,7 @@ async def connect(
         reconnect_time_wait=0.5,
         error_cb=on_error,
         allow_reconnect=True,
+        **(auth.options() if auth is not None else {}),
     )
 
 
