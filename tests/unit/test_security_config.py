@@ -11,7 +11,8 @@ import pytest
 
 from roost.bus.auth import ClusterAuth, NatsAuth, node_permissions
 from roost.store.roles import dsn_as
-from roost.up.cli import redact_dsn
+from roost.up.cli import banner, redact_dsn
+from roost.up.cluster import ClusterSpec
 
 
 def test_credentials_files_round_trip_and_bad_ones_say_why(tmp_path: Path) -> None:
@@ -69,3 +70,17 @@ def test_dsns_are_rewritten_for_the_worker_and_redacted_for_the_banner() -> None
     assert redact_dsn("postgresql://postgres:s3cret@127.0.0.1:5432/postgres") == (
         "postgresql://postgres:***@127.0.0.1:5432/postgres")
     assert redact_dsn("postgresql://postgres@h/d") == "postgresql://postgres@h/d"
+
+
+def test_the_banner_shows_where_secrets_are_not_what(tmp_path: Path) -> None:
+    spec = ClusterSpec(data_dir=tmp_path, credentials={"AKIAX": "s"})
+    text = banner(spec, endpoint="http://127.0.0.1:8773", nats_url="nats://127.0.0.1:4222",
+                  key="AKIAX", secret="s", controller_url="http://127.0.0.1:9180",
+                  dsn="postgresql://postgres:pg-s3cret-pw@127.0.0.1:5432/postgres",
+                  env_file=tmp_path / "env")
+    assert "pg-s3cret-pw" not in text and "postgres:***@" in text
+    assert f"source {tmp_path / 'env'}" in text and "$ROOST_API_TOKEN" in text
+    assert "users and permissions" in text
+    open_nats = banner(ClusterSpec(data_dir=tmp_path, nats_auth=False), endpoint="e",
+                       nats_url="nats://x", key="k", secret="s")
+    assert "OPEN" in open_nats
