@@ -8,8 +8,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from roost.bus.auth import ClusterAuth, NatsAuth, node_permissions
+from roost.bus.options import nats_auth_command
 from roost.store.roles import dsn_as
 from roost.up.cli import banner, redact_dsn
 from roost.up.cluster import ClusterSpec
@@ -59,6 +61,19 @@ def test_cluster_auth_writes_a_server_config_and_private_files(tmp_path: Path) -
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
         assert NatsAuth.load(f) == auth.auth(name)
     assert auth.node("node-2").user == "node-2"
+
+
+def test_roost_nats_auth_writes_users_for_a_cluster_run_by_hand(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    done = CliRunner().invoke(nats_auth_command, ["gpu-a", "node-b", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert {p.name for p in out.iterdir()} == {
+        "nats.conf", "admin.creds.json", "gateway.creds.json", "node-gpu-a.creds.json",
+        "node-b.creds.json"}
+    assert NatsAuth.load(out / "node-gpu-a.creds.json").user == "node-gpu-a"
+    for bad_ids, why in ((["no.dots"], "node id"), (["a", "node-a"], "share a NATS user")):
+        bad = CliRunner().invoke(nats_auth_command, [*bad_ids, "--out", str(out)])
+        assert bad.exit_code == 2 and why in bad.output, bad.output
 
 
 def test_dsns_are_rewritten_for_the_worker_and_redacted_for_the_banner() -> None:
