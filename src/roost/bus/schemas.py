@@ -182,6 +182,9 @@ class CapacitySnapshot(Msg):
     sent_at: float = 0.0  # the node's wall clock, seconds since the epoch
     isolation: str = ""  # "none" | "cgroup" | "sandbox"; "" from a node before isolation
     isolation_note: str = ""  # why isolation is lower than the node was asked for
+    cannot_launch: str = ""
+    """Why the node's driver can launch nothing now (no QEMU): gateways place nothing
+    there, and answer Unsupported, with this, when only such nodes fit."""
 
 
 class TypeInfo(Msg):

@@ -346,6 +346,7 @@ class NodeAgent:
             instances=len(self.ledger.allocations),
             heartbeat_seconds=self.config.heartbeat_seconds, sent_at=time.time(),
             isolation=self.driver.isolation, isolation_note=self.driver.isolation_note,
+            cannot_launch=self.driver.cannot_launch,
         )
 
     async def _publish_snapshot(self) -> None:
