@@ -34,6 +34,9 @@ ADDRESSES_BUCKET = "roost_addresses"
 address; created by the allocating gateway, deleted (by revision) on release."""
 KEY_PAIRS_BUCKET = "roost_key_pairs"
 """JetStream KV bucket: base32 key name -> key pair (public half only); gateways."""
+VOLUMES_BUCKET = "roost_volumes"
+"""JetStream KV bucket: ``vol-…`` -> a volume that lives on its own (created, detached,
+or kept after its instance; deleted ones as tombstones); gateways, create or CAS."""
 LAUNCH_TEMPLATES_BUCKET = "roost_launch_templates"
 """JetStream KV bucket: ``lt-…`` -> the template with all its versions (compare-and-set),
 ``ltname.<base32 name>`` -> its id (create); written by gateways."""

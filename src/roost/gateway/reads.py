@@ -26,6 +26,7 @@ from roost.gateway.describe import (
 )
 from roost.gateway.model import (
     FIXED_ATTRIBUTES,
+    RECORDED_ATTRIBUTES,
     InstanceAttribute,
     Paged,
     Reservation,
@@ -33,6 +34,7 @@ from roost.gateway.model import (
     Zone,
 )
 from roost.gateway.netreads import NetworkReads
+from roost.gateway.render import block_devices
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -223,13 +225,20 @@ class Ec2Reads:
         if req.attribute == "userData":
             user_data = await self.service.index.user_data(rec.instance_id)
             return InstanceAttribute(rec.instance_id, "userData", user_data)
+        if req.attribute == "blockDeviceMapping":
+            attached = self.service.volumes.store.attached(rec)
+            return InstanceAttribute(rec.instance_id, req.attribute, "",
+                                     xml=block_devices(attached))
+        if req.attribute in RECORDED_ATTRIBUTES:
+            value = getattr(rec.net, RECORDED_ATTRIBUTES[req.attribute])
+            return InstanceAttribute(rec.instance_id, req.attribute, str(value).lower())
         enforced = _enforced_attributes(rec)
         if req.attribute in enforced:
             return InstanceAttribute(rec.instance_id, req.attribute, enforced[req.attribute])
         if req.attribute not in FIXED_ATTRIBUTES:
             raise InvalidParameterValue(
-                f"Value ({req.attribute}) for parameter attribute is invalid."
-            )
+                f"Value ({req.attribute}) for parameter attribute is invalid. "
+                "Unknown attribute.")
         value = FIXED_ATTRIBUTES[req.attribute]
         return InstanceAttribute(rec.instance_id, req.attribute, value)
 

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 
 from roost.bus import subjects
 from roost.bus.connect import connect, key_value
-from roost.bus.schemas import CapacitySnapshot, decode
+from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
@@ -38,6 +38,8 @@ from roost.gateway.sigv4 import SigV4Verifier
 from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import TokenStore
 from roost.gateway.types import TypeRegistry
+from roost.gateway.volservice import VolumeService
+from roost.gateway.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class Gateway:
         self._index: InstanceIndex | None = None
         self._network: NetworkStore | None = None
         self._templates: TemplateStore | None = None
+        self._volumes: VolumeStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -133,13 +136,22 @@ class Gateway:
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones)
-        index.on_gone = network.instance_gone
+        volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
+        self._volumes = volumes
+
+        def gone(rec: InstanceRecord) -> None:
+            network.instance_gone(rec)
+            volumes.instance_gone(rec)
+
+        index.on_gone = gone
         index.group_overrides = network.instance_groups
         network.start(index.all)
+        volumes.start()
         templates.start()
         index.start()
         await asyncio.gather(index.wait_synced(sync_timeout),
                              network.wait_synced(sync_timeout),
+                             volumes.wait_synced(sync_timeout),
                              templates.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
@@ -149,6 +161,7 @@ class Gateway:
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
             metrics=self.metrics, net=NetworkService(network), templates=templates,
+            volumes=VolumeService(volumes, index, zones),
         )
         verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
         reads = Ec2Reads(service)
@@ -202,6 +215,8 @@ class Gateway:
             await self._network.stop()
         if self._templates is not None:
             await self._templates.stop()
+        if self._volumes is not None:
+            await self._volumes.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:
