@@ -29,7 +29,7 @@ import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -114,13 +114,18 @@ class Target:
     key: str
     secret: str
     owner_id: str
+    _client: Any = field(default=None, repr=False)
 
     def client(self) -> Any:
-        return boto3.client(
-            "ec2", endpoint_url=self.endpoint, region_name=self.region,
-            aws_access_key_id=self.key, aws_secret_access_key=self.secret,
-            config=Config(retries={"total_max_attempts": 3, "mode": "standard"}),
-        )
+        """One client for every reset: making a boto3 client costs more than a reset's
+        calls (only the shim's handler thread uses it, one reset at a time)."""
+        if self._client is None:
+            self._client = boto3.client(
+                "ec2", endpoint_url=self.endpoint, region_name=self.region,
+                aws_access_key_id=self.key, aws_secret_access_key=self.secret,
+                config=Config(retries={"total_max_attempts": 3, "mode": "standard"}),
+            )
+        return self._client
 
 
 def reset(target: Target) -> None:
@@ -248,7 +253,7 @@ def parse_junit(path: Path) -> Outcome:
     return Outcome(sorted(passed), dict(sorted(failed.items())), sorted(skipped))
 
 
-def run_suite(root: Path, endpoint: str, target: Target, *, timeout: float = 480,
+def run_suite(root: Path, endpoint: str, target: Target, *, timeout: float = 1200,
               extra: list[str] | None = None) -> Outcome:
     """moto's module under pytest in a subprocess, in server mode against ``endpoint``."""
     junit = root / "junit.xml"

@@ -1,7 +1,8 @@
 """EBS volumes through boto3: launch mappings beyond the root, CreateVolume,
 AttachVolume, DetachVolume, DeleteVolume, DescribeVolumes, what termination keeps, and
 each error code these actions answer. Also: a launch's key pair reaches the node's
-record, which IMDS serves from."""
+record, which IMDS serves from, and the instance attributes recorded beside the volumes
+(SourceDestCheck, EbsOptimized, HibernationOptions, credit specifications)."""
 
 from __future__ import annotations
 
@@ -165,3 +166,30 @@ def test_key_pair_reaches_the_record_and_imds(cluster: ThreadedCluster, ec2: Any
         ec2.terminate_instances(InstanceIds=[iid])
     finally:
         ec2.delete_key_pair(KeyName="imds-key")
+
+
+def test_recorded_attributes_and_credit_specifications(ec2: Any) -> None:
+    """SourceDestCheck, EbsOptimized and HibernationOptions are recorded per instance
+    (and read back by DescribeInstances, DescribeInstanceAttribute and filters)."""
+    iid = _launch(ec2, EbsOptimized=True, HibernationOptions={"Configured": True})["InstanceId"]
+    other = ec2.run_instances(ImageId=IMAGE, InstanceType="m7i.large", MinCount=1,
+                              MaxCount=1)["Instances"][0]["InstanceId"]
+    ec2.modify_instance_attribute(InstanceId=iid, SourceDestCheck={"Value": False})
+    ec2.modify_instance_attribute(InstanceId=iid, EbsOptimized={"Value": False})
+    inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert (inst["SourceDestCheck"], inst["EbsOptimized"]) == (False, False)
+    assert inst["HibernationOptions"] == {"Configured": True}
+    assert inst["NetworkInterfaces"][0]["SourceDestCheck"] is False
+    attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="sourceDestCheck")
+    assert attr["SourceDestCheck"] == {"Value": False}
+    found = ec2.describe_instances(Filters=[{"Name": "source-dest-check", "Values": ["false"]}])
+    assert [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]] == [iid]
+    assert _code(ec2.modify_instance_attribute, InstanceId=iid,
+                 Attribute="sourceDestCheck", Value="maybe") == "InvalidParameterValue"
+    assert _code(ec2.describe_instance_attribute, InstanceId=iid,
+                 Attribute="iNsTaNcEtYpE") == "InvalidParameterValue"
+    credits = ec2.describe_instance_credit_specifications(InstanceIds=[iid, other])
+    assert {c["InstanceId"]: c["CpuCredits"] for c in credits["InstanceCreditSpecifications"]} \
+        == {iid: "unlimited", other: "standard"}
+    assert _code(ec2.terminate_instances, InstanceIds=[]) == "InvalidParameterCombination"
+    ec2.terminate_instances(InstanceIds=[iid, other])

@@ -34,7 +34,7 @@ from roost.gateway.model import (
     Zone,
 )
 from roost.gateway.netreads import NetworkReads
-from roost.gateway.render import block_devices
+from roost.gateway.render import block_devices, cpu_credits
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -211,8 +211,10 @@ class Ec2Reads:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
-        burstable = [r for r in records if r.instance_type.startswith("t")]
-        return self._instances(req, burstable, INSTANCE_FIELDS)
+        # Named instances are answered whatever their type (a non-burstable one runs
+        # "standard", as EC2 answers it); unnamed, only those running "unlimited".
+        chosen = records if req.ids else [r for r in records if cpu_credits(r) == "unlimited"]
+        return self._instances(req, chosen, INSTANCE_FIELDS)
 
     async def describe_instance_attribute(self, req: InstanceAttributeRequest
                                           ) -> InstanceAttribute:

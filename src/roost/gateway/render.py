@@ -378,11 +378,17 @@ def instance_attribute(attr: InstanceAttribute, request_id: str) -> str:
                     text("instanceId", attr.instance_id), value)
 
 
+def cpu_credits(rec: InstanceRecord) -> str:
+    """EC2's defaults: t3 (and later t families) run "unlimited", t2 "standard"; a
+    non-burstable type is reported "standard"."""
+    family = rec.instance_type.partition(".")[0]
+    return "unlimited" if family.startswith("t") and family not in ("t1", "t2") else "standard"
+
+
 def credit_specifications(recs: Iterable[InstanceRecord], request_id: str) -> str:
-    """t-family instances run "unlimited", EC2's default for t3 (and what Terraform sets)."""
     return response("DescribeInstanceCreditSpecifications", request_id, items(
         "instanceCreditSpecificationSet",
-        (text("instanceId", r.instance_id) + text("cpuCredits", "unlimited") for r in recs),
+        (text("instanceId", r.instance_id) + text("cpuCredits", cpu_credits(r)) for r in recs),
     ))
 
 
