@@ -40,6 +40,7 @@ from roost.gateway.index import InstanceIndex
 from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.query import Params
 from roost.gateway.requests import DescribeRequest
+from roost.gateway.tenancy import account
 from roost.gateway.volumes import VolumeStore
 
 _ID = re.compile(r"vol-[0-9a-f]{8,17}")
@@ -152,7 +153,7 @@ class VolumeService:
         vol = Volume(f"vol-{secrets.token_hex(9)[:17]}", req.size, req.volume_type, req.zone,
                      _now(), req.iops or default_iops(req.volume_type, req.size),
                      req.throughput or default_throughput(req.volume_type), req.encrypted,
-                     tags=dict(req.tags))
+                     tags=dict(req.tags), owner_id=account())
         return await self.store.put(vol)
 
     async def attach(self, vid: str, instance_id: str, device: str) -> Volume:

@@ -33,6 +33,7 @@ from roost.domain.volumes import (
 )
 from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.render import root_volume_id
+from roost.gateway.tenancy import visible
 
 log = logging.getLogger(__name__)
 _RETRIES = 20
@@ -59,7 +60,7 @@ def launch_volumes(rec: InstanceRecord) -> list[tuple[Volume, bool]]:
         return Volume(vid, size, vtype, rec.availability_zone, rec.launch_time,
                       iops or default_iops(vtype, size),
                       throughput or default_throughput(vtype), encrypted, snapshot,
-                      dict(net.volume_tags), attachment), delete
+                      dict(net.volume_tags), attachment, owner_id=rec.owner_id), delete
 
     out = [one(root_volume_id(rec.instance_id), ROOT_DEVICE, net.root_volume_size,
                net.root_volume_type, net.root_volume_iops, net.root_volume_throughput,
@@ -97,14 +98,18 @@ class VolumeStore:
         return out
 
     def all(self) -> dict[str, Volume]:
+        """Every volume the caller may see (`roost.gateway.tenancy`): derived ones come
+        from the instances it sees, stored ones carry their owner."""
         out = self.derived()
-        out.update({vid: v for vid, (_, v) in self._stored.items() if not v.deleted})
+        out.update({vid: v for vid, (_, v) in self._stored.items()
+                    if not v.deleted and visible(v.owner_id)})
         return out
 
     def find(self, volume_id: str) -> Volume | None:
         stored = self._stored.get(volume_id)
         if stored is not None:
-            return None if stored[1].deleted else stored[1]
+            vol = stored[1]
+            return None if vol.deleted or not visible(vol.owner_id) else vol
         return self.derived().get(volume_id)
 
     def attached(self, rec: InstanceRecord) -> list[Volume]:
