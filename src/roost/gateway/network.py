@@ -27,6 +27,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
 from roost.domain.errors import (
     InsufficientFreeAddressesInSubnet,
@@ -169,7 +170,7 @@ class NetworkStore:
             rev = await self._kvs["network"].create(key, msgspec.json.encode(rec))
         except nats.js.errors.KeyWrongLastSequenceError:
             raise ServiceUnavailable(f"The id {key} was taken meanwhile; retry.") from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._records[key] = (rev, rec)
 
@@ -191,7 +192,7 @@ class NetworkStore:
             except nats.js.errors.KeyWrongLastSequenceError:
                 await self._reload(key)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable("network", exc) from None
             self._records[key] = (rev, updated)
             return updated
@@ -203,7 +204,7 @@ class NetworkStore:
         except nats.js.errors.KeyNotFoundError:
             self._records.pop(key, None)
             return
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         try:
             self._records[key] = (entry.revision or 0, _RECORD.decode(entry.value or b""))
@@ -213,7 +214,7 @@ class NetworkStore:
     async def remove(self, key: str) -> None:
         try:
             await self._kvs["network"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._records.pop(key, None)
 
@@ -224,7 +225,7 @@ class NetworkStore:
             await self._kvs["network"].create(key, group_id.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._names[key] = group_id
         return True
@@ -233,7 +234,7 @@ class NetworkStore:
         key = name_key(vpc_id, name)
         try:
             await self._kvs["network"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release group name %s: %r", key, exc)
         self._names.pop(key, None)
 
@@ -243,7 +244,7 @@ class NetworkStore:
         try:
             await self._kvs["network"].put(f"igroups.{instance_id}",
                                            msgspec.json.encode(group_ids))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self.instance_groups[instance_id] = list(group_ids)
 
@@ -256,7 +257,7 @@ class NetworkStore:
                                                 msgspec.json.encode(pair))
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("key pair", exc) from None
         self._key_pairs[pair.key_name] = pair
         return True
@@ -264,7 +265,7 @@ class NetworkStore:
     async def delete_key_pair(self, name: str) -> None:
         try:
             await self._kvs["key_pairs"].delete(key_pair_key(name))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("key pair", exc) from None
         self._key_pairs.pop(name, None)
 
@@ -301,7 +302,7 @@ class NetworkStore:
                     raise InvalidIPAddressInUse(f"Address {ip} is in use.") from None
                 tried.add(n)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable("address", exc) from None
             finally:
                 pending.discard(n)
@@ -323,7 +324,7 @@ class NetworkStore:
             await self._kvs["addresses"].delete(address_key(subnet_id, ip), last=held[0])
         except nats.js.errors.KeyWrongLastSequenceError:
             return
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
         self._addresses.get(subnet_id, {}).pop(n, None)
@@ -340,7 +341,7 @@ class NetworkStore:
     async def _forget_groups(self, instance_id: str) -> None:
         try:
             await self._kvs["network"].delete(f"igroups.{instance_id}")
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not drop the groups of %s: %r", instance_id, exc)
 
     async def sweep(self, records: Iterable[InstanceRecord], now: float) -> int:
