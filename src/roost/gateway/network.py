@@ -27,6 +27,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
 from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.errors import (
@@ -199,7 +200,7 @@ class NetworkStore:
             rev = await self._kvs["network"].create(key, msgspec.json.encode(rec))
         except nats.js.errors.KeyWrongLastSequenceError:
             raise ServiceUnavailable(f"The id {key} was taken meanwhile; retry.") from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._records[key] = (rev, rec)
 
@@ -221,7 +222,7 @@ class NetworkStore:
             except nats.js.errors.KeyWrongLastSequenceError:
                 await self._reload(key)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable("network", exc) from None
             self._records[key] = (rev, updated)
             return updated
@@ -233,7 +234,7 @@ class NetworkStore:
         except nats.js.errors.KeyNotFoundError:
             self._records.pop(key, None)
             return
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         try:
             self._records[key] = (entry.revision or 0, _RECORD.decode(entry.value or b""))
@@ -243,7 +244,7 @@ class NetworkStore:
     async def remove(self, key: str) -> None:
         try:
             await self._kvs["network"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._records.pop(key, None)
 
@@ -254,7 +255,7 @@ class NetworkStore:
             await self._kvs["network"].create(key, group_id.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._names[key] = group_id
         return True
@@ -263,7 +264,7 @@ class NetworkStore:
         key = name_key(vpc_id, name, owner_id)
         try:
             await self._kvs["network"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release group name %s: %r", key, exc)
         self._names.pop(key, None)
 
@@ -273,7 +274,7 @@ class NetworkStore:
         try:
             await self._kvs["network"].put(f"igroups.{instance_id}",
                                            msgspec.json.encode(group_ids))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self.instance_groups[instance_id] = list(group_ids)
 
@@ -287,7 +288,7 @@ class NetworkStore:
                                                 msgspec.json.encode(pair))
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("key pair", exc) from None
         self._key_pairs[(owner, pair.key_name)] = pair
         return True
@@ -300,7 +301,7 @@ class NetworkStore:
             key = key.removeprefix(f"{owner}.")
         try:
             await self._kvs["key_pairs"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("key pair", exc) from None
         self._key_pairs.pop((owner, pair.key_name), None)
 
@@ -337,7 +338,7 @@ class NetworkStore:
                     raise InvalidIPAddressInUse(f"Address {ip} is in use.") from None
                 tried.add(n)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable("address", exc) from None
             finally:
                 pending.discard(n)
@@ -364,7 +365,7 @@ class NetworkStore:
                 return  # another gateway (or worker of this one) released it first
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
         self._addresses.get(subnet_id, {}).pop(n, None)
@@ -381,7 +382,7 @@ class NetworkStore:
     async def _forget_groups(self, instance_id: str) -> None:
         try:
             await self._kvs["network"].delete(f"igroups.{instance_id}")
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not drop the groups of %s: %r", instance_id, exc)
 
     async def sweep(self, records: Iterable[InstanceRecord], now: float) -> int:
