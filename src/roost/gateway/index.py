@@ -37,7 +37,7 @@ from roost.bus import subjects
 from roost.bus.connect import follow_bucket
 from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
-from roost.gateway.tenancy import visible
+from roost.gateway.tenancy import confined_to, owner, visible
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,9 @@ class InstanceIndex:
 
     def all(self) -> list[InstanceRecord]:
         """The caller's instances (`roost.gateway.tenancy`): every one outside a request."""
-        return [self._merged(r) for r in self._records.values() if visible(r.owner_id)]
+        only = confined_to()
+        return [self._merged(r) for r in self._records.values()
+                if only is None or owner(r.owner_id) == only]
 
     def find(self, instance_id: str) -> InstanceRecord | None:
         rec = self._records.get(instance_id)
