@@ -25,7 +25,7 @@ from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
-from roost.gateway.accounts import AccountStore, KeyBook, QuotaBook
+from roost.gateway.accounts import AccountStore, KeyBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
 from roost.gateway.images import ImageStore
@@ -35,6 +35,7 @@ from roost.gateway.metrics import GatewayMetrics
 from roost.gateway.netservice import NetworkService
 from roost.gateway.network import NetworkStore
 from roost.gateway.nodes import NodeClient
+from roost.gateway.quotas import QuotaBook
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import Ec2Service, Site
 from roost.gateway.sigv4 import SigV4Verifier
@@ -111,6 +112,7 @@ class Gateway:
         self.keys = KeyBook(config.credentials, operator_key=config.operator_key,
                             default_account=config.owner_id)
         self._images: ImageStore | None = None
+        self._quotas: QuotaBook | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -158,7 +160,7 @@ class Gateway:
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones)
-        quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
+        self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
         index.on_gone = _each(network.instance_gone, quotas.instance_gone)
         index.group_overrides = network.instance_groups
         network.start(index.all)
@@ -240,6 +242,8 @@ class Gateway:
         if self._templates is not None:
             await self._templates.stop()
         await self.keys.stop()
+        if self._quotas is not None:
+            await self._quotas.stop()
         if self._images is not None:
             await self._images.stop()
         if self._nc is not None and not self._nc.is_closed:

@@ -42,7 +42,6 @@ from roost.domain.errors import (
 )
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import Subnet
-from roost.gateway.accounts import QuotaBook
 from roost.gateway.capacity import CapacityView
 from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
@@ -51,6 +50,7 @@ from roost.gateway.metrics import GatewayMetrics
 from roost.gateway.model import FIXED_ATTRIBUTES, Reservation, StateChange
 from roost.gateway.netservice import NetworkService
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
+from roost.gateway.quotas import QuotaBook
 from roost.gateway.requests import (
     ConsoleOutputRequest,
     InstanceIdsRequest,
