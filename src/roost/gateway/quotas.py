@@ -32,6 +32,10 @@ class QuotaBook:
         """Whether the mirror knows an instance as terminated (its entry may go)."""
         self._chores: set[asyncio.Task[None]] = set()
 
+    def counts(self, account_id: str) -> bool:
+        """Whether the account's usage is kept (it has a record in the bucket)."""
+        return self.keys.quotas(account_id) is not None
+
     async def reserve(self, account_id: str, hold_id: str, want: Callable[[int], Held],
                       *, min_count: int, max_count: int) -> int:
         """Hold the most of ``max_count`` instances (at least ``min_count``) the quotas

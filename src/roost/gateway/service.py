@@ -327,11 +327,11 @@ class Ec2Service:
 
     async def _hold(self, rec: InstanceRecord) -> bool:
         """Quotas count running instances: a start holds again what a stop gave back."""
-        if self.quotas is None:
+        owner = rec.owner_id or DEFAULT_ACCOUNT
+        if self.quotas is None or not self.quotas.counts(owner):
             return False
         itype = await self.types.resolve(rec.instance_type)
-        await self.quotas.hold_instance(rec.owner_id or DEFAULT_ACCOUNT, rec.instance_id,
-                                        demand(itype, 1, time.time()))
+        await self.quotas.hold_instance(owner, rec.instance_id, demand(itype, 1, time.time()))
         return True
 
     async def _release(self, rec: InstanceRecord) -> None:
