@@ -33,6 +33,9 @@ class BenchEntry:
 BENCHMARKS = {
     "autoscale": BenchEntry("roost.bench.autoscale", "autoscale",
                             "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
+    "churn": BenchEntry("roost.bench.churn", "churn_command",
+                        "Launch/terminate pairs by the thousand (20,000 by default): "
+                        "throughput, memory and bucket sizes, capacity restored exactly."),
     "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
                                   "Plan and tick cost of the capacity controller at scale."),
     "dashboard": BenchEntry("roost.bench.dashboard", "dashboard_bench",
@@ -47,6 +50,11 @@ BENCHMARKS = {
                          "InsufficientInstanceCapacity latency."),
     "placement": BenchEntry("roost.bench.placement", "placement_command",
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "scale": BenchEntry("roost.bench.scale", "scale",
+                        "Hundreds of sim nodes and ~100,000 live instances from the Azure VM "
+                        "trace: launch rate and latency, retries, false capacity errors, "
+                        "gateway memory, mirror lag and DescribeInstances, with 1 and 4 "
+                        "gateway processes, on a 3-server NATS cluster."),
     "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
                           "Boot time to user data and QEMU's memory overhead per micro-VM."),
     "wake": BenchEntry("roost.bench.wake", "wake",
@@ -107,7 +115,7 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
-    from roost.controller.cli import controller, db, pools
+    from roost.controller.cli import api_tokens, controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
     from roost.gateway.accounts_cli import accounts, keys
@@ -118,7 +126,7 @@ def _register() -> None:
     from roost.worker.cli import worker
 
     for cmd in (up, demo, dashboard, node, images, gateway, status, accounts, keys,
-                controller, pools, db, worker, bench):
+                controller, pools, api_tokens, db, worker, bench):
         main.add_command(cmd)
 
 

@@ -6,11 +6,17 @@ prints how long the cluster took to recover (``pytest -m fault -s`` shows the fi
   port and store;
 - the instances bucket deleted under a launch load (every KV write fails), then back;
 - a node agent process `kill -9`'d mid-burst, then started again;
-- a node gone for good, forgotten with `roost node forget` (and coming back after all).
+- a node gone for good, forgotten with `roost node forget` (and coming back after all);
+- one server of a 3-server NATS cluster `kill -9`'d under a launch/terminate load;
+- a gateway process `kill -9`'d mid-launch with a ClientToken in flight, the request
+  retried against another gateway;
+- launch/terminate churn: a 100-pair smoke here; the 20,000-pair run is a benchmark
+  (`roost bench churn`), too slow for CI on shared cores (about 7 minutes at ~45 pairs/s).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,11 +28,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
+from roost.bench.churn import churn, settled_capacity
+from roost.bench.launch import Signer
 from roost.bus import subjects
 from roost.bus.connect import key_value
+from roost.embedded import NatsCluster
+from roost.embedded.proc import free_port
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import wait_state
 
@@ -54,6 +66,7 @@ class Load:
         self.messages: dict[str, str] = {}  # the first message of each error code
         self.launched: dict[str, str] = {}  # ClientToken -> instance id
         self.ok_times: list[float] = []
+        self.failed_times: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -69,6 +82,7 @@ class Load:
                 code = exc.response["Error"]["Code"]
                 self.outcomes[code] += 1
                 self.messages.setdefault(code, exc.response["Error"]["Message"])
+                self.failed_times.append(time.monotonic())
                 time.sleep(0.05)
                 continue
             except EndpointConnectionError:
@@ -365,3 +379,127 @@ def test_node_gone_for_good_is_forgotten(pcluster: tuple[ThreadedCluster, NodePr
     survivors = [i for i in ids + more_ids if i not in on_gone]
     settle_procs(cluster, ec2, survivors)
     assert all(cluster.record(i).state == "terminated" for i in on_gone)  # type: ignore[union-attr]
+
+
+def test_gateway_killed_mid_launch_token_retried_elsewhere(
+        fcluster: ThreadedCluster, tmp_path: Path) -> None:
+    """A RunInstances of 400 with a ClientToken, its gateway process killed halfway; the
+    same request sent to a second gateway (the in-process one) takes the claim over once
+    it has gone quiet for a lease, finds the launches already placed by their launch
+    ids, places the rest, and answers with the first reservation: 400 instances, once."""
+    port = free_port()
+    with (tmp_path / "gateway.log").open("ab") as log:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "roost", "gateway", "--nats", fcluster.nats.url,
+             "--port", str(port), "--credentials", f"{fcluster.key}:{fcluster.secret}"],
+            stdout=log, stderr=log)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        ec2_first = boto3.client(
+            "ec2", endpoint_url=endpoint, region_name=fcluster.spec.region,
+            aws_access_key_id=fcluster.key, aws_secret_access_key=fcluster.secret,
+            config=Config(retries={"total_max_attempts": 1}, read_timeout=120))
+        wait_for("the gateway process serves", lambda: _serves(ec2_first), 30)
+        token, count = "gateway-kill-1", 400
+        request = {"ImageId": IMAGE, "InstanceType": "t3.nano", "MinCount": count,
+                   "MaxCount": count, "ClientToken": token}
+        answered: list[Any] = []
+        sender = threading.Thread(target=lambda: answered.append(_try(ec2_first, request)),
+                                  daemon=True)
+        sender.start()
+        index = fcluster.cluster.gateway.service.index  # type: ignore[union-attr]
+        wait_for("launches under way", lambda: any(
+            r.client_token == token for r in index.all()), 20)
+        os.kill(first.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        placed = sum(r.client_token == token for r in index.all())
+        first.wait(10)
+        sender.join(30)
+        ec2 = fcluster.client()
+        out = ec2.run_instances(**request)
+        took = time.monotonic() - killed
+        ids = [i["InstanceId"] for i in out["Instances"]]
+        print(f"\ngateway killed with {placed} of {count} launches seen placed; the retry "
+              f"on the other gateway answered {len(ids)} in {took:.2f} s (claim lease 10 s)")
+        assert 0 < placed < count, "the kill did not land mid-launch"
+        assert len(ids) == count and len(set(ids)) == count
+        mine = [i for i in described(ec2) if i.get("ClientToken") == token]
+        assert sorted(i["InstanceId"] for i in mine) == sorted(ids)  # none launched twice
+        assert took < 30
+        again = ec2.run_instances(**request)  # and a further retry replays it
+        assert sorted(i["InstanceId"] for i in again["Instances"]) == sorted(ids)
+        assert again["ReservationId"] == out["ReservationId"]
+        settle(fcluster, ec2, ids)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+
+
+def _serves(ec2: Any) -> bool:
+    try:
+        ec2.describe_availability_zones()
+    except (EndpointConnectionError, ClientError):
+        return False
+    return True
+
+
+def _try(ec2: Any, request: dict[str, Any]) -> Any:
+    try:
+        return ec2.run_instances(**request)
+    except Exception as exc:  # the gateway dies under it: any failure will do
+        return exc
+
+
+def test_one_server_of_a_nats_cluster_killed_under_load(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The server the gateway is connected to is killed for good. The buckets are
+    replicated to all three servers (`bucket_replicas`), so what remains keeps quorum;
+    the gateway and the nodes on that server reconnect to the others."""
+    with NatsCluster(3, base_dir=tmp_path_factory.mktemp("nats-cluster")) as nats:
+        cluster = make_cluster(tmp_path_factory.mktemp("on-cluster"), nodes=3,
+                               capacity="1024vcpu,4TiB", nats_urls=nats.urls)
+        try:
+            ec2 = cluster.client()
+            gw_nc = cluster.cluster.gateway._nc
+            assert gw_nc is not None and gw_nc.connected_url is not None
+            port = gw_nc.connected_url.port
+            victim = next(s for s in nats.servers if s.url.endswith(f":{port}"))
+            with Load(cluster) as load:
+                time.sleep(2.0)
+                before = load.outcomes["ok"]
+                victim.kill()
+                killed = time.monotonic()
+                time.sleep(1.0)
+                # Recovered: launches succeed again after the last refusal.
+                wait_for("launches succeed again", lambda: bool(load.ok_times) and (
+                    not load.failed_times or load.ok_times[-1] > load.failed_times[-1]), 30)
+                time.sleep(1.5)
+            last_failure = max([killed, *load.failed_times])
+            recovered = min(t for t in load.ok_times if t > last_failure) - killed
+            print(f"\nNATS server {victim.name} (the gateway's) killed: launches succeed "
+                  f"again {recovered:.2f} s after; outcomes {dict(load.outcomes)} {load.messages}")
+            assert before > 0
+            refused = {k for k in load.outcomes if k != "ok"}
+            assert refused <= {"ServiceUnavailable", "terminate:ServiceUnavailable",
+                               "connection"}
+            ids = list(load.launched.values())
+            assert len(set(ids)) == len(ids)
+            assert set(ids) <= {i["InstanceId"] for i in described(ec2)}
+            no_duplicates(ec2)
+            settle(cluster, ec2, ids)
+        finally:
+            cluster.stop()
+
+
+def test_churn_smoke_restores_capacity_exactly(fcluster: ThreadedCluster) -> None:
+    signer = Signer(fcluster.endpoint, fcluster.key, fcluster.secret, fcluster.spec.region)
+    started = time.monotonic()
+    # The client runs on a loop of its own, not on the cluster's.
+    rows = asyncio.run(churn(signer, pairs=100, concurrency=8, chunk=50))
+    cap = asyncio.run(settled_capacity(fcluster.endpoint, fcluster.key, fcluster.secret,
+                                       fcluster.spec.region))
+    print(f"\nchurn of 100 pairs: {[r.pairs_per_second for r in rows]} pairs/s per chunk, "
+          f"{time.monotonic() - started:.1f} s; capacity after: {cap}")
+    assert [r.errors for r in rows] == [0, 0]
+    assert cap.restored and cap.nodes == 3, cap

@@ -196,6 +196,7 @@ def test_bad_input_is_refused_and_nothing_is_lost(vm: tuple[ThreadedCluster, VmN
                 if i["State"]["Name"] not in ("terminated",)]
 
 
+@pytest.mark.timeout(600)  # two TCG boots (launch, reboot) of 30-50 s each on a busy host
 def test_a_micro_vm_runs_user_data_and_lives_through_its_lifecycle(
         vm: tuple[ThreadedCluster, VmNode], images_dir: Path) -> None:
     cluster, node = vm

@@ -9,8 +9,23 @@ from pathlib import Path
 import pytest
 
 from roost.domain.catalog import BUILTIN
+from roost.domain.errors import (
+    InvalidAMIIDMalformed,
+    InvalidAMINameMalformed,
+    InvalidParameterValue,
+)
 from roost.domain.host import HostCapacity
-from roost.domain.images import IMAGES, MICROVM, MICROVM_IMAGE_ID, Image
+from roost.domain.images import (
+    IMAGES,
+    MICROVM,
+    MICROVM_IMAGE_ID,
+    Image,
+    check_image_id,
+    check_image_name,
+    check_path,
+    disk_format,
+    is_kernel,
+)
 from roost.domain.resources import Resources
 from roost.node.drivers import StartSpec, Unrunnable
 from roost.node.isolation import Isolation
@@ -129,3 +144,23 @@ def test_modules_load_after_what_they_depend_on(tmp_path: Path) -> None:
         (tmp_path / f"{name}.ko").write_bytes(b"\0stuff\0depends=" + dep.encode() + b"\0")
     order = [n for n, _ in _with_dependencies(tmp_path, ("virtio_net", "button", "gone"))]
     assert order == ["virtio_ring", "virtio", "virtio_net", "button"]
+
+
+def test_image_ids_names_and_paths_are_checked_as_ec2_and_the_nodes_need() -> None:
+    assert check_image_id("ami-0123456789abcdef0") and check_image_id("ami-12345678")
+    for bad in ("ami-xyz", "ami-0123456789ABCDEF0", "i-0123456789abcdef0", "ami-123"):
+        with pytest.raises(InvalidAMIIDMalformed):
+            check_image_id(bad)
+    assert check_image_name("web (v2) [x86] o'neil@home_1.0/a-b")
+    for bad in ("ab", "x" * 129, "a|b", "tab\there"):
+        with pytest.raises(InvalidAMINameMalformed):
+            check_image_name(bad)
+    assert check_path("/srv/images/disk.raw", "ImageLocation")
+    for bad in ("disk.raw", "/srv/../etc/disk", "/srv//disk", "/srv/disk/", "/a\0b", ""):
+        with pytest.raises(InvalidParameterValue):
+            check_path(bad, "ImageLocation")
+    assert disk_format(b"QFI\xfb\0\0\0\3") == "qcow2" and disk_format(bytes(512)) == "raw"
+    kernel = bytearray(1024)
+    assert not is_kernel(bytes(kernel))
+    kernel[0x202:0x206] = b"HdrS"
+    assert is_kernel(bytes(kernel))

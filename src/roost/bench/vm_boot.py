@@ -40,6 +40,12 @@ class _Metadata(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_PUT(self) -> None:  # an IMDSv2 token, as the node's service gives
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"token")
+
     def log_message(self, *args: object) -> None:
         return None
 

@@ -13,13 +13,18 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from roost.bus.auth import NatsAuth
+
 log = logging.getLogger(__name__)
 
 
 async def connect(
-    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0
+    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0,
+    auth: NatsAuth | None = None,
 ) -> Client:
-    """A connection that reconnects forever: a node or gateway outlives a NATS restart."""
+    """A connection that reconnects forever: a node or gateway outlives a NATS restart.
+    ``auth`` carries the user's credentials and TLS (`roost.bus.auth`); without it the
+    connection is anonymous, which a server with users configured refuses."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
@@ -32,6 +37,7 @@ async def connect(
         reconnect_time_wait=0.5,
         error_cb=on_error,
         allow_reconnect=True,
+        **(auth.options() if auth is not None else {}),
     )
 
 
@@ -41,20 +47,33 @@ async def key_value(
     """Open ``bucket``, creating it if it does not exist yet.
 
     In a fresh cluster, JetStream may still be electing its meta leader: retry briefly
-    rather than fail a start that would succeed a second later.
+    rather than fail a start that would succeed a second later. A bucket made on a
+    cluster is replicated to three servers (or all, if fewer), so losing one server
+    loses no bucket and blocks no write; one server keeps it on itself.
     """
     js = nc.jetstream()
+    replicas = bucket_replicas(nc)
     last: Exception | None = None
     for _ in range(attempts):
         try:
             try:
                 return await js.key_value(bucket)
             except BucketNotFoundError:
-                return await js.create_key_value(bucket=bucket, history=history, ttl=ttl)
+                return await js.create_key_value(bucket=bucket, history=history, ttl=ttl,
+                                                 replicas=replicas)
         except (nats.errors.TimeoutError, APIError, nats.errors.NoRespondersError) as exc:
             last = exc
             await asyncio.sleep(0.2)
     raise RuntimeError(f"JetStream KV bucket {bucket!r} unavailable: {last}")
+
+
+def bucket_replicas(nc: Client) -> int:
+    """3 on a JetStream cluster of three or more servers (as many as there are, if
+    fewer), 1 on a lone server: what the server said of its cluster on connecting."""
+    info = nc._server_info  # nats-py keeps the server's INFO private
+    if not info.get("cluster"):
+        return 1
+    return max(1, min(3, len(info.get("connect_urls") or [])))
 
 
 STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.{stream}"

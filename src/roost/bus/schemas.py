@@ -201,7 +201,17 @@ class DescribeTypesReply(Msg):
 
 
 class LaunchLookup(Msg):
-    launch_id: str
+    """One launch id: only the node that holds it answers (a `LaunchReply`). Several
+    (``launch_ids``): every node answers, with a `LaunchesFound`, so the asker stops
+    waiting once each live node has spoken rather than at a timeout."""
+
+    launch_id: str = ""
+    launch_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class LaunchesFound(Msg):
+    node_id: str
+    instances: list[InstanceRecord] = msgspec.field(default_factory=list)
 
 
 class DrainRequest(Msg):

@@ -18,6 +18,7 @@ import click
 import msgspec
 
 from roost.bus import subjects
+from roost.bus.auth import ENV, NatsAuth
 from roost.bus.connect import connect, key_value
 from roost.domain.accounts import CLASS_NAMES, QUOTA_CLASSES, Quotas, is_account_id
 from roost.gateway.accounts import (
@@ -37,9 +38,16 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
 def _run(nats_urls: tuple[str, ...], work: Callable[[AccountStore], Awaitable[T]]) -> T:
+    try:
+        auth = NatsAuth.from_env()
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"{ENV}: {exc}") from None
+
     async def main() -> T:
         urls = [u for raw in nats_urls for u in raw.replace(",", " ").split()]
-        nc = await asyncio.wait_for(connect(urls, name="roost-accounts"), 10)
+        # The NATS user comes from ROOST_NATS_CREDS (the env file `roost up` writes
+        # names its admin user's file), like every other command's --nats-creds.
+        nc = await asyncio.wait_for(connect(urls, name="roost-accounts", auth=auth), 10)
         try:
             return await work(AccountStore(await key_value(nc, subjects.ACCOUNTS_BUCKET)))
         finally:

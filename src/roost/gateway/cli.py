@@ -19,6 +19,8 @@ from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+from roost.bus.auth import NatsAuth
+from roost.bus.options import nats_creds_option
 from roost.decide.placement import DEFAULT_POLICY, POLICIES, WORKLOAD_POLICIES
 from roost.decide.workload import parse_workload_toml
 from roost.domain.catalog import BUILTIN, parse_types_toml
@@ -102,9 +104,10 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--log-level", envvar="ROOST_GATEWAY_LOG_LEVEL", default="INFO",
               show_default=True, help="Env: ROOST_GATEWAY_LOG_LEVEL.",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
-            credentials: tuple[str, ...], operator_key_file: Path | None, no_auth: bool,
-            policy: str,
+@nats_creds_option
+def gateway(nats_urls: tuple[str, ...], nats_auth: NatsAuth | None, host: str, port: int,
+            region: str, credentials: tuple[str, ...], operator_key_file: Path | None,
+            no_auth: bool, policy: str,
             workload_file: Path | None, types_config: Path | None, launch_timeout: float,
             max_attempts: int, full_after: float, client_token_ttl: float, workers: int,
             log_level: str) -> None:
@@ -146,7 +149,7 @@ def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
             operator_key=operator_key,
             auth=not no_auth, policy=policy, workload=workload, catalog=catalog,
             launch_timeout=launch_timeout, max_attempts=max_attempts,
-            client_token_ttl=client_token_ttl, full_after=full_after,
+            client_token_ttl=client_token_ttl, full_after=full_after, nats_auth=nats_auth,
         )
         config.check()
     except ValueError as exc:

@@ -50,6 +50,8 @@ from roost.domain.network import (
 from roost.gateway.tenancy import account, visible
 
 log = logging.getLogger(__name__)
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a conditional write whose expected revision moved on."""
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
 ORPHAN_AFTER = 600.0
@@ -356,6 +358,11 @@ class NetworkStore:
         try:
             await self._kvs["addresses"].delete(address_key(subnet_id, ip), last=held[0])
         except nats.js.errors.KeyWrongLastSequenceError:
+            return
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:  # KV's delete raises it unwrapped:
+                return  # another gateway (or worker of this one) released it first
+            log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
         except (TimeoutError, nats.errors.Error) as exc:
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)

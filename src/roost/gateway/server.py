@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect, key_value
 from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
@@ -72,6 +73,8 @@ class GatewayConfig:
     reuse_port: bool = False
     """Bind with SO_REUSEPORT, so that several gateway processes share the port
     (`roost.gateway.workers`)."""
+    nats_auth: NatsAuth | None = None
+    """The gateway's NATS user (`roost.bus.auth`); None connects anonymously."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -132,7 +135,7 @@ class Gateway:
 
     async def start(self, *, sync_timeout: float = 15.0) -> None:
         cfg = self.config
-        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway")
+        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway", auth=cfg.nats_auth)
         records = await key_value(nc, subjects.INSTANCES_BUCKET)
         tags = await key_value(nc, subjects.TAGS_BUCKET)
         user_data = await key_value(nc, subjects.USER_DATA_BUCKET)

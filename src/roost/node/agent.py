@@ -26,6 +26,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus import schemas as s
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect, follow_bucket, key_value
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
@@ -78,6 +79,8 @@ class NodeConfig:
     """Loopback port of the metadata service: 0 picks one once and keeps it in the data
     dir; None runs no metadata service."""
     metrics_port: int | None = None
+    nats_auth: NatsAuth | None = None
+    """This node's NATS user (`roost.bus.auth`); None connects anonymously."""
 
     def __post_init__(self) -> None:
         subjects.check_node_id(self.node_id)
@@ -154,7 +157,8 @@ class NodeAgent:
                 InstanceUsageCollector(lambda: self._records, self.driver, self.node_id),
                 port=self.config.metrics_port)
         await self._readopt()
-        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
+        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}",
+                                 auth=self.config.nats_auth)
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
         await self._follow_orders()
         for rec in self._records.values():
@@ -271,6 +275,7 @@ class NodeAgent:
             self._heartbeat.cancel()
         if self._orders_task is not None:
             self._orders_task.cancel()
+            await asyncio.gather(self._orders_task, return_exceptions=True)
         others = self._tasks - {asyncio.current_task()}  # stop() may itself be tracked
         if others:
             await asyncio.gather(*others, return_exceptions=True)

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import asyncpg
 from prometheus_client import CollectorRegistry
 
 from roost.bus import subjects
+from roost.bus.auth import ClusterAuth, NatsAuth
 from roost.bus.connect import connect, key_value
 from roost.controller.adapters import FakeOrchestrator, NativeOrchestrator, NativeSettings
 from roost.controller.clock import SystemClock
@@ -32,12 +35,14 @@ from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
 from roost.embedded import NatsServer, PostgresServer
-from roost.embedded.proc import describe_exit, port_open, wait_until
+from roost.embedded.proc import describe_exit, port_open, wait_until, write_private
 from roost.gateway.accounts import AccountStore, new_key_id, new_secret
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.gateway.workers import GatewayPool
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.isolation import Level
+from roost.store import apitokens
+from roost.store.roles import WORKER_ROLE, ensure_worker_role
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +56,21 @@ class Component(Protocol):
 
 
 class NatsComponent:
+    """nats-server; with ``auth``, its users and permissions are written (0600) under
+    ``<data_dir>/../nats-auth`` before it starts, and anonymous clients are refused."""
+
     name = "nats"
 
-    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
-        self.server = NatsServer(base_dir=data_dir, port=port)
+    def __init__(self, data_dir: Path, *, port: int | None = None,
+                 auth: ClusterAuth | None = None) -> None:
+        self.auth = auth
+        self.auth_dir = data_dir.parent / "nats-auth"
+        self.server = NatsServer(base_dir=data_dir, port=port,
+                                 config_file=self.auth_dir / "nats.conf" if auth else None)
+
+    def client_auth(self, user: str) -> NatsAuth | None:
+        """The credentials of ``user`` (admin, gateway, node-<id>); None without auth."""
+        return None if self.auth is None else self.auth.auth(user)
 
     @property
     def url(self) -> str:
@@ -64,6 +80,8 @@ class NatsComponent:
         await asyncio.to_thread(self._start)
 
     def _start(self) -> None:
+        if self.auth is not None:
+            self.auth.write(self.auth_dir)
         # Its own session, unlike `NatsServer.start`: a Ctrl-C in the terminal goes to
         # the whole foreground process group, and NATS must outlive the nodes and the
         # gateway that drain through it while `roost up` shuts down in order.
@@ -119,7 +137,8 @@ class AccountsComponent:
         self.operator_key = operator_key
 
     async def start(self) -> None:
-        nc = await connect([self.nats.url], name="roost-up-accounts")
+        nc = await connect([self.nats.url], name="roost-up-accounts",
+                           auth=self.nats.client_auth("admin"))
         try:
             store = AccountStore(await key_value(nc, subjects.ACCOUNTS_BUCKET))
             if await store.account(DEFAULT_ACCOUNT) is not None:
@@ -191,12 +210,13 @@ AnyGateway = GatewayComponent | GatewayPoolComponent
 
 
 class PostgresComponent:
-    """Postgres from its wheel, its data kept in ``data_dir`` across restarts."""
+    """Postgres from its wheel, its data kept in ``data_dir`` across restarts; every
+    connection needs a password (kept 0600 in ``data_dir``)."""
 
     name = "postgres"
 
     def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
-        self.server = PostgresServer(base_dir=data_dir, port=port)
+        self.server = PostgresServer(base_dir=data_dir, port=port, password=True)
 
     @property
     def dsn(self) -> str:
@@ -216,7 +236,12 @@ class PostgresComponent:
 
 class ControllerComponent:
     """The capacity controller in this process, on the cluster's Postgres, with the
-    ``native`` orchestrator pointed at the cluster's gateway and a ``fake`` one."""
+    ``native`` orchestrator pointed at the cluster's gateway and a ``fake`` one.
+
+    Once the schema is migrated it makes the ``roost_worker`` role, whose DSN only
+    enrolled workers receive, and an operator token for the task API, kept (0600) in
+    ``<postgres dir>/api-token`` and reused across restarts while it is valid.
+    """
 
     name = "controller"
 
@@ -235,11 +260,43 @@ class ControllerComponent:
     def url(self) -> str:
         return f"http://{self.config.http_host}:{self.config.http_port}"
 
+    @property
+    def _secrets_dir(self) -> Path:
+        return self.postgres.server.dir
+
+    def _worker_password(self) -> str:
+        path = self._secrets_dir / "worker.password"
+        if not path.exists():
+            self._secrets_dir.mkdir(parents=True, exist_ok=True)
+            write_private(path, secrets.token_urlsafe(24))
+        return path.read_text().strip()
+
+    @property
+    def worker_dsn(self) -> str:
+        """The least-privilege role's DSN, as enrolled workers get it."""
+        return self.postgres.server.dsn_for(WORKER_ROLE, self._worker_password())
+
+    @property
+    def token_file(self) -> Path:
+        """The operator token of the task API (every pool)."""
+        return self._secrets_dir / "api-token"
+
+    async def _provision(self) -> None:
+        conn = await asyncpg.connect(self.postgres.dsn, timeout=10)
+        try:
+            await ensure_worker_role(conn, self._worker_password())
+            saved = self.token_file.read_text().strip() if self.token_file.exists() else ""
+            if not saved or await apitokens.lookup(conn, saved) is None:
+                await conn.execute("DELETE FROM api_tokens WHERE name = 'roost-up'")
+                write_private(self.token_file, await apitokens.create(conn, "roost-up", None))
+        finally:
+            await conn.close()
+
     def orchestrators(self, clock: SystemClock) -> dict[str, Orchestrator]:
         key, secret = next(iter(self.credentials.items()), ("roost", "roost"))
         native = NativeOrchestrator(NativeSettings(
             endpoint=self.gateway.endpoint, region=self.region, access_key_id=key,
-            secret_access_key=secret, dsn=self.postgres.dsn,
+            secret_access_key=secret, dsn=self.worker_dsn, controller_url=self.url,
             # The controller bounds a whole adapter call (two or three EC2 calls) by
             # io_timeout; each call gets a share, so a slow one fails as itself.
             timeout=self.config.io_timeout / 2,
@@ -259,6 +316,7 @@ class ControllerComponent:
         if self._task.done():
             self._task.result()  # raises why it failed
             raise RuntimeError("the controller stopped while starting")
+        await self._provision()
 
     async def stop(self) -> None:
         self._stop.set()
@@ -300,7 +358,8 @@ class DashboardComponent:
     async def start(self) -> None:
         gw = self.gateway
         self.dashboard = Dashboard(DashboardConfig(
-            nats_urls=[self.nats.url], controller_url=self.controller_url, host=self.host,
+            nats_urls=[self.nats.url], nats_auth=self.nats.client_auth("admin"),
+            controller_url=self.controller_url, host=self.host,
             port=self.port, credentials=self.credentials, ec2_endpoint=gw.endpoint,
             interval=self.interval,
         ), launches=lambda: launch_counters(gw.registry()))
@@ -403,6 +462,9 @@ class ClusterSpec:
     operator_key: bytes | None = None
     """Seals the keys in the accounts bucket; with it, ``credentials`` are registered
     there as the default account's keys (`AccountsComponent`)."""
+    nats_auth: bool = True
+    """NATS users and permissions per component (`roost.bus.auth`); False leaves NATS
+    open to any local process, for development only."""
     controller: bool = True
     """Also run Postgres and the capacity controller."""
     postgres_port: int | None = None
@@ -425,10 +487,13 @@ def new_credentials() -> tuple[str, str]:
 
 
 def build_components(spec: ClusterSpec) -> list[Component]:
-    nats = NatsComponent(spec.data_dir / "nats", port=spec.nats_port)
+    node_ids = [f"node-{i + 1}" for i in range(spec.nodes)]
+    nats = NatsComponent(spec.data_dir / "nats", port=spec.nats_port,
+                         auth=ClusterAuth.generate(node_ids) if spec.nats_auth else None)
     nodes = NodesComponent([
         NodeConfig(
             node_id=f"node-{i + 1}", nats_urls=[nats.url],
+            nats_auth=nats.client_auth(f"node-{i + 1}"),
             data_dir=spec.data_dir / "nodes" / f"node-{i + 1}", host=spec.node_host(),
             driver=spec.driver, isolation=spec.isolation,
             availability_zone=spec.availability_zone,
@@ -441,6 +506,7 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         nats_urls=[nats.url], host=spec.host, port=spec.port, region=spec.region,
         credentials={} if in_bucket else spec.credentials, auth=spec.auth,
         policy=spec.policy, operator_key=spec.operator_key,
+        nats_auth=nats.client_auth("gateway"),
     )
     gateway: AnyGateway = (GatewayPoolComponent(gateway_config, spec.gateway_workers)
                            if spec.gateway_workers else GatewayComponent(gateway_config))
