@@ -115,6 +115,7 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
+    from roost.bus.options import nats_auth_command
     from roost.controller.cli import api_tokens, controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
@@ -126,7 +127,7 @@ def _register() -> None:
     from roost.worker.cli import worker
 
     for cmd in (up, demo, dashboard, node, images, gateway, status, accounts, keys,
-                controller, pools, api_tokens, db, worker, bench):
+                controller, pools, api_tokens, db, nats_auth_command, worker, bench):
         main.add_command(cmd)
 
 

@@ -263,6 +263,16 @@ async def test_a_replica_enrolls_and_is_a_real_worker_named_by_its_instance(
                 "SELECT count(*) FROM workers WHERE instance_ref = $1 AND status = 'active'",
                 instance.ref))
         await eventually(registered, timeout=20, what="the worker to register")
+        # The adapter's own checks: its pool's fresh instance only.
+        assert await orch.enroll(token.group(1), instance.ref) == "real"
+        key = enrollment.derive_key(settings.secret_access_key)
+        nonce = token.group(1).split(".")[2]
+        assert await orch.enroll(enrollment.issue(key, "other", nonce), instance.ref) is None
+        late = NativeOrchestrator(replace(settings, enroll_ttl=0.0), now=time.time)
+        try:
+            assert await late.enroll(token.group(1), instance.ref) is None  # too old
+        finally:
+            await late.close()
         async with httpx.AsyncClient(base_url=settings.controller_url) as http:
             for body in ({"token": token.group(1), "instanceId": instance.ref},  # replayed
                          {"token": token.group(1)[:-4] + "0000", "instanceId": "i-0"}):

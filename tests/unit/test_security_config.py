@@ -8,10 +8,13 @@ import stat
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from roost.bus.auth import ClusterAuth, NatsAuth, node_permissions
+from roost.bus.options import nats_auth_command
 from roost.store.roles import dsn_as
-from roost.up.cli import redact_dsn
+from roost.up.cli import banner, redact_dsn
+from roost.up.cluster import ClusterSpec
 
 
 def test_credentials_files_round_trip_and_bad_ones_say_why(tmp_path: Path) -> None:
@@ -60,6 +63,19 @@ def test_cluster_auth_writes_a_server_config_and_private_files(tmp_path: Path) -
     assert auth.node("node-2").user == "node-2"
 
 
+def test_roost_nats_auth_writes_users_for_a_cluster_run_by_hand(tmp_path: Path) -> None:
+    out = tmp_path / "auth"
+    done = CliRunner().invoke(nats_auth_command, ["gpu-a", "node-b", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert {p.name for p in out.iterdir()} == {
+        "nats.conf", "admin.creds.json", "gateway.creds.json", "node-gpu-a.creds.json",
+        "node-b.creds.json"}
+    assert NatsAuth.load(out / "node-gpu-a.creds.json").user == "node-gpu-a"
+    for bad_ids, why in ((["no.dots"], "node id"), (["a", "node-a"], "share a NATS user")):
+        bad = CliRunner().invoke(nats_auth_command, [*bad_ids, "--out", str(out)])
+        assert bad.exit_code == 2 and why in bad.output, bad.output
+
+
 def test_dsns_are_rewritten_for_the_worker_and_redacted_for_the_banner() -> None:
     assert dsn_as("postgresql://postgres:x@db:5433/roost?sslmode=require", "roost_worker",
                   "p/w@1") == ("postgresql://roost_worker:p%2Fw%401@db:5433/roost"
@@ -69,3 +85,17 @@ def test_dsns_are_rewritten_for_the_worker_and_redacted_for_the_banner() -> None
     assert redact_dsn("postgresql://postgres:s3cret@127.0.0.1:5432/postgres") == (
         "postgresql://postgres:***@127.0.0.1:5432/postgres")
     assert redact_dsn("postgresql://postgres@h/d") == "postgresql://postgres@h/d"
+
+
+def test_the_banner_shows_where_secrets_are_not_what(tmp_path: Path) -> None:
+    spec = ClusterSpec(data_dir=tmp_path, credentials={"AKIAX": "s"})
+    text = banner(spec, endpoint="http://127.0.0.1:8773", nats_url="nats://127.0.0.1:4222",
+                  key="AKIAX", secret="s", controller_url="http://127.0.0.1:9180",
+                  dsn="postgresql://postgres:pg-s3cret-pw@127.0.0.1:5432/postgres",
+                  env_file=tmp_path / "env")
+    assert "pg-s3cret-pw" not in text and "postgres:***@" in text
+    assert f"source {tmp_path / 'env'}" in text and "$ROOST_API_TOKEN" in text
+    assert "users and permissions" in text
+    open_nats = banner(ClusterSpec(data_dir=tmp_path, nats_auth=False), endpoint="e",
+                       nats_url="nats://x", key="k", secret="s")
+    assert "OPEN" in open_nats

@@ -185,6 +185,8 @@ ADMIN_PERMISSIONS: Permissions = {"publish": {"allow": [">"]},
 
 
 def node_user(node_id: str) -> str:
+    """A node's NATS user: ``node-<id>``, or the id itself when it starts so already
+    (`roost up`'s nodes are ``node-1``, ``node-2``, ...)."""
     return node_id if node_id.startswith("node-") else f"node-{node_id}"
 
 
@@ -199,11 +201,13 @@ class ClusterAuth:
         def made(user: str, perms: Permissions) -> tuple[str, tuple[NatsAuth, Permissions]]:
             return user, (NatsAuth(user=user, password=secrets.token_urlsafe(24)), perms)
 
-        return cls(dict([
-            made("admin", ADMIN_PERMISSIONS),
-            made("gateway", gateway_permissions()),
-            *(made(node_user(n), node_permissions(n)) for n in node_ids),
-        ]))
+        users = [made("admin", ADMIN_PERMISSIONS), made("gateway", gateway_permissions()),
+                 *(made(node_user(n), node_permissions(n)) for n in node_ids)]
+        names = [u for u, _ in users]
+        clash = sorted({u for u in names if names.count(u) > 1})
+        if clash:
+            raise ValueError(f"node ids that would share a NATS user: {', '.join(clash)}")
+        return cls(dict(users))
 
     def auth(self, user: str) -> NatsAuth:
         return self.users[user][0]

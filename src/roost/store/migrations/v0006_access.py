@@ -6,6 +6,9 @@ that have exchanged their enrollment token for a database credential (one each).
 ``gen_random_uuid``); the sequential ``id`` stays internal, so ids cannot be enumerated.
 A token is stored as the SHA-256 of its text only: tokens are 256 random bits, so a
 plain hash needs no salt or stretching, and a database dump yields no usable token.
+
+Adding ``public_id`` with a volatile default rewrites ``tasks`` once, under an exclusive
+lock: on a large queue, run ``roost db migrate`` in a quiet moment.
 """
 
 SQL = """
