@@ -80,10 +80,13 @@ def two_gateways(tmp_path: Path) -> Iterator[tuple[ThreadedCluster, list[str], d
 
 
 def _client(endpoint: str, key: dict[str, str]) -> Any:
+    """Retrying 5xx as boto3 does by default (a node slow to answer on a loaded host is a
+    503): RunInstances carries a ClientToken boto3 makes, so a retry never launches
+    twice. A quota refusal is a 400, never retried."""
     return boto3.client(
         "ec2", endpoint_url=endpoint, region_name="roost-1",
         aws_access_key_id=key["access_key_id"], aws_secret_access_key=key["secret_access_key"],
-        config=Config(retries={"total_max_attempts": 1, "mode": "standard"}))
+        config=Config(retries={"total_max_attempts": 4, "mode": "standard"}))
 
 
 def _usage(env: dict[str, str], url: str, account: str) -> dict[str, Any]:
