@@ -164,6 +164,7 @@ class AccountStore:
         for key in await self.keys(account_id):
             await self.kv.delete(f"key.{key.access_key_id}")
         await self.kv.delete(f"account.{account_id}")
+        await self.kv.delete(f"usage.{account_id}")
 
     async def set_quotas(self, account_id: str, edit: Callable[[Quotas], Quotas]) -> Account:
         for _ in range(_RETRIES):
