@@ -373,6 +373,15 @@ def test_keys_revoke_and_rotate_without_a_restart(tenants: Tenants) -> None:
     assert err.value.response["Error"]["Code"] == "AuthFailure"
     listed = t.cli("keys", "list", "--account", account)
     assert new.key_id not in listed and old.key_id not in listed
+    # Deleting an account revokes its keys.
+    last = _new_key(t.cli, account)
+    _wait_accepted(t, last)
+    assert f"{account}  gamma  keys=1" in t.cli("accounts", "list")
+    t.cli("accounts", "delete", account)
+    while t.call(last, "DescribeRegions", {})[0] == 200:
+        assert time.monotonic() < deadline + 10, "a deleted account's key still works"
+        time.sleep(0.05)
+    assert account not in t.cli("accounts", "list")
 
 
 def test_secrets_are_sealed_in_the_bucket(tenants: Tenants) -> None:

@@ -3,6 +3,8 @@ key."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from cryptography.exceptions import InvalidTag
 
@@ -10,6 +12,7 @@ from roost.domain.accounts import (
     HOLD_TTL,
     Held,
     Quotas,
+    StoredKey,
     Usage,
     check,
     demand,
@@ -17,7 +20,8 @@ from roost.domain.accounts import (
 )
 from roost.domain.catalog import BUILTIN
 from roost.domain.errors import InstanceLimitExceeded, VcpuLimitExceeded
-from roost.gateway.accounts import load_operator_key, new_operator_key, seal, unseal
+from roost.gateway.accounts import KeyBook, load_operator_key, new_operator_key, seal, unseal
+from roost.gateway.tenancy import Caller
 
 
 @pytest.mark.parametrize(("type_name", "cls"), [
@@ -74,3 +78,16 @@ def test_a_sealed_secret_opens_only_with_its_key_and_its_key_id() -> None:
         unseal(bytes(32), "AKIAONE", sealed)
     with pytest.raises(ValueError, match="32 bytes"):
         load_operator_key({"ROOST_OPERATOR_KEY": "c2hvcnQ="})
+
+
+def test_the_key_book_opens_sealed_keys_and_ends_them_on_time() -> None:
+    op = bytes(range(32))
+    book = KeyBook({"AKIASTATIC": "static"}, operator_key=op)
+    book._learn(StoredKey("AKIAONE", "123456789012", seal(op, "AKIAONE", "one"), 0.0))
+    book._learn(StoredKey("AKIAOLD", "123456789012", seal(op, "AKIAOLD", "old"), 0.0,
+                          expires=time.time() - 1))  # a rotated key past its grace
+    book._learn(StoredKey("AKIABAD", "123456789012", seal(bytes(32), "AKIABAD", "x"), 0.0))
+    assert book.get("AKIAONE") == "one" and book.caller("AKIAONE") == Caller("123456789012")
+    assert book.get("AKIAOLD") is None
+    assert book.get("AKIABAD") is None  # sealed under another operator key
+    assert book.caller("AKIASTATIC") == Caller("000000000000", admin=True)

@@ -37,8 +37,9 @@ from roost.bus import subjects
 from roost.bus.connect import follow_bucket
 from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
+from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
-from roost.gateway.tenancy import visible
+from roost.gateway.tenancy import confined_to, visible
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,12 @@ class InstanceIndex:
 
     def all(self) -> list[InstanceRecord]:
         """The caller's instances (`roost.gateway.tenancy`): every one outside a request."""
-        return [self._merged(r) for r in self._records.values() if visible(r.owner_id)]
+        only = confined_to()
+        if only is None:
+            return [self._merged(r) for r in self._records.values()]
+        legacy = only == DEFAULT_ACCOUNT  # records from before accounts carry no owner
+        return [self._merged(r) for r in self._records.values()
+                if r.owner_id == only or (legacy and not r.owner_id)]
 
     def find(self, instance_id: str) -> InstanceRecord | None:
         rec = self._records.get(instance_id)

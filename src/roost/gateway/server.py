@@ -26,7 +26,7 @@ from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
-from roost.gateway.accounts import AccountStore, KeyBook, QuotaBook
+from roost.gateway.accounts import AccountStore, KeyBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
 from roost.gateway.images import ImageStore
@@ -36,6 +36,7 @@ from roost.gateway.metrics import GatewayMetrics
 from roost.gateway.netservice import NetworkService
 from roost.gateway.network import NetworkStore
 from roost.gateway.nodes import NodeClient
+from roost.gateway.quotas import QuotaBook
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import Ec2Service, Site
 from roost.gateway.sigv4 import SigV4Verifier
@@ -117,6 +118,7 @@ class Gateway:
                             default_account=config.owner_id)
         self._images: ImageStore | None = None
         self._volumes: VolumeStore | None = None
+        self._quotas: QuotaBook | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -164,7 +166,7 @@ class Gateway:
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones)
-        quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
+        self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
         volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
         self._volumes = volumes
         index.on_gone = _each(network.instance_gone, volumes.instance_gone,
@@ -252,6 +254,8 @@ class Gateway:
         if self._templates is not None:
             await self._templates.stop()
         await self.keys.stop()
+        if self._quotas is not None:
+            await self._quotas.stop()
         if self._images is not None:
             await self._images.stop()
         if self._volumes is not None:

@@ -42,7 +42,6 @@ from roost.domain.errors import (
 )
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import Subnet
-from roost.gateway.accounts import QuotaBook
 from roost.gateway.capacity import CapacityView
 from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
@@ -57,6 +56,7 @@ from roost.gateway.model import (
 )
 from roost.gateway.netservice import NetworkService
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
+from roost.gateway.quotas import QuotaBook
 from roost.gateway.requests import (
     ConsoleOutputRequest,
     InstanceIdsRequest,
@@ -336,11 +336,11 @@ class Ec2Service:
 
     async def _hold(self, rec: InstanceRecord) -> bool:
         """Quotas count running instances: a start holds again what a stop gave back."""
-        if self.quotas is None:
+        owner = rec.owner_id or DEFAULT_ACCOUNT
+        if self.quotas is None or not self.quotas.counts(owner):
             return False
         itype = await self.types.resolve(rec.instance_type)
-        await self.quotas.hold_instance(rec.owner_id or DEFAULT_ACCOUNT, rec.instance_id,
-                                        demand(itype, 1, time.time()))
+        await self.quotas.hold_instance(owner, rec.instance_id, demand(itype, 1, time.time()))
         return True
 
     async def _release(self, rec: InstanceRecord) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import string
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
 from roost.embedded import NatsServer, PostgresServer
 from roost.embedded.proc import describe_exit, port_open, wait_until, write_private
-from roost.gateway.accounts import AccountStore
+from roost.gateway.accounts import AccountStore, new_key_id, new_secret
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.gateway.workers import GatewayPool
 from roost.node.agent import NodeAgent, NodeConfig
@@ -482,10 +481,9 @@ class ClusterSpec:
 
 
 def new_credentials() -> tuple[str, str]:
-    """An access key id and secret shaped like AWS's (so tools that check shapes pass)."""
-    alphabet = string.ascii_uppercase + string.digits
-    key = "AKIA" + "".join(secrets.choice(alphabet) for _ in range(16))
-    return key, secrets.token_urlsafe(30)[:40]
+    """An access key id and secret shaped like AWS's (so tools that check shapes pass),
+    made as `roost keys create` makes them."""
+    return new_key_id(), new_secret()
 
 
 def build_components(spec: ClusterSpec) -> list[Component]:
