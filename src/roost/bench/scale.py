@@ -75,6 +75,7 @@ ICE = "InsufficientInstanceCapacity"
 ORACLE = "roost.bench.oracle.{group}"
 IDS = re.compile(r"<instanceId>(i-[0-9a-f]+)</instanceId>")
 CODE = re.compile(r"<Code>([^<]+)</Code>")
+MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
 VERSION = "Version=2016-11-15"
 MAX_BATCH = 50
 SUBNET_ROOM = 65_000  # a /16 subnet, less EC2's five reserved addresses, rounded down
@@ -262,8 +263,16 @@ class Phase:
     """ICE with room at the oracle, but a TerminateInstances ran between the request and
     the oracle's look: the room may have been freed after the answer."""
     errors: dict[str, int] = field(default_factory=dict)
+    first_messages: dict[str, str] = field(default_factory=dict)
+    """Error code -> the first message seen with it."""
     wall: float = 0.0
     retries_per_launch: float | None = None
+
+    def count_error(self, code: str, text: str = "") -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+        if code not in self.first_messages:
+            found = MESSAGE.search(text)
+            self.first_messages[code] = found.group(1)[:300] if found else ""
 
     def summary(self) -> dict[str, Any]:
         ms = 1000.0
@@ -274,6 +283,7 @@ class Phase:
             "p99_ms": round(percentile(self.latencies, 99) * ms, 2),
             "ice": self.ice, "false_ice": self.false_ice,
             "ice_beside_departures": self.ice_beside_departures, "errors": self.errors,
+            "first_messages": self.first_messages,
             "retries_per_launch": self.retries_per_launch,
             "seconds": round(self.wall, 2),
         }
@@ -363,7 +373,7 @@ class Client:
                 elif room:
                     phase.false_ice += 1
             else:
-                phase.errors[code] = phase.errors.get(code, 0) + 1
+                phase.count_error(code, text)
             return
         phase.launched += len(ids)
         for iid, life in zip(ids, batch.lifetimes, strict=False):
@@ -396,8 +406,7 @@ class Client:
                 self.terminating -= 1
                 self.last_terminated = asyncio.get_running_loop().time()
             if status != 200 and phase is not None:
-                code = "Terminate." + (CODE.findall(text) or ["unknown"])[0]
-                phase.errors[code] = phase.errors.get(code, 0) + 1
+                phase.count_error("Terminate." + (CODE.findall(text) or ["unknown"])[0], text)
         return len(due)
 
 
@@ -413,8 +422,7 @@ async def open_loop(client: Client, phase: Phase, sched: Schedule) -> None:
             try:
                 await work
             except Exception as exc:  # a client-side bug is a figure, not a lost task
-                code = f"Client.{type(exc).__name__}"
-                phase.errors[code] = phase.errors.get(code, 0) + 1
+                phase.count_error(f"Client.{type(exc).__name__}", f"<Message>{exc}</Message>")
 
         task = asyncio.create_task(counted())
         pending.add(task)
