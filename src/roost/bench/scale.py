@@ -796,8 +796,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
                  label=f"burst p50, {gw} gw")
         rate.plot(xs, [st["bursts"][k]["launches_per_second"] for st in steps], marker="s",
                   label=f"burst, {gw} gw")
-    lat.plot(xs, [st["probe_at_0"]["run_p50_ms"] for st in steps], "k--", label="probe at 0")
-    lat.plot(xs, [st["probe_at_live"]["run_p50_ms"] for st in steps], "k:",
+    lat.plot(xs, [st["probe_at_0"]["run_p50_ms"] for st in steps], "kx--", label="probe at 0")
+    lat.plot(xs, [st["probe_at_live"]["run_p50_ms"] for st in steps], "k+:",
              label="probe at live")
     lat.set(xlabel="sim nodes", ylabel="RunInstances ms", title="latency", yscale="log")
     rate.set(xlabel="sim nodes", ylabel="instances launched / s", title="throughput")
