@@ -67,6 +67,8 @@ class GatewayConfig:
     reuse_port: bool = False
     """Bind with SO_REUSEPORT, so that several gateway processes share the port
     (`roost.gateway.workers`)."""
+    address_stripe: tuple[int, int] = (0, 1)
+    """Worker i of n looks for free private addresses from i/n into each subnet."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -136,7 +138,7 @@ class Gateway:
 
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
-                                               zones=zones)
+                                               zones=zones, stripe=cfg.address_stripe)
         index.on_gone = network.instance_gone
         index.group_overrides = network.instance_groups
         network.start(index.all)

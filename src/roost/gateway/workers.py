@@ -140,7 +140,8 @@ class GatewayPool:
 
     def _popen(self, w: _Worker) -> subprocess.Popen[bytes]:
         assert self._metrics_dir is not None
-        cfg = replace(self.config, port=self.port, reuse_port=True)
+        cfg = replace(self.config, port=self.port, reuse_port=True,
+                      address_stripe=(w.index, len(self._workers)))
         env = {**os.environ, MULTIPROC_ENV: str(self._metrics_dir)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "roost.gateway.workers", str(w.index),
