@@ -785,6 +785,27 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
     if quick:
         levels, pairs, warmup, ice_requests = (1, 8), 16, 2, 16
     workers = list(dict.fromkeys(gateway_workers))
+    # SIGTERM unwinds like Ctrl-C, so the clusters and servers started are stopped (a
+    # background job may have SIGINT ignored).
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        report = _launch(levels, pairs, warmup, instance_type, nodes, node_capacity,
+                         ice_type, ice_requests, policy, workers, no_moto, no_floor,
+                         endpoint, region)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if json_out == "-":
+        click.echo(json.dumps(report, indent=2))
+        return
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_report(report))
+
+
+def _launch(levels: Sequence[int], pairs: int, warmup: int, instance_type: str, nodes: int,
+            node_capacity: str, ice_type: str, ice_requests: int, policy: str,
+            workers: list[int], no_moto: bool, no_floor: bool, endpoint: str | None,
+            region: str) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine(), "instance_type": instance_type,
                               "pairs": pairs, "levels": list(levels)}
     if endpoint:
@@ -824,12 +845,7 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
             roosts = {name: Signer(c[0], c[1], c[2], region) for name, c in clusters.items()}
             report.update(asyncio.run(bench_all(roosts, peers, levels=levels, pairs=pairs,
                                                 itype=instance_type, warmup=warmup)))
-    if json_out == "-":
-        click.echo(json.dumps(report, indent=2))
-        return
-    if json_out:
-        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
-    click.echo(format_report(report))
+    return report
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import base64
 import ipaddress
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Container, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -53,6 +53,18 @@ from roost.gateway.tenancy import account, visible
 log = logging.getLogger(__name__)
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a conditional write whose expected revision moved on."""
+
+
+class _AnyOf:
+    """Membership in any of several sets, without building their union (a subnet's
+    taken addresses run to tens of thousands)."""
+
+    def __init__(self, *parts: Container[int]) -> None:
+        self.parts = parts
+
+    def __contains__(self, n: object) -> bool:
+        return any(n in p for p in self.parts)
+
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
 ORPHAN_AFTER = 600.0
@@ -99,8 +111,12 @@ def _unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
 
 class NetworkStore:
     def __init__(self, network: KeyValue, addresses: KeyValue, key_pairs: KeyValue, *,
-                 region: str, owner_id: str, zones: Callable[[], list[str]]) -> None:
+                 region: str, owner_id: str, zones: Callable[[], list[str]],
+                 stripe: tuple[int, int] = (0, 1)) -> None:
         self._kvs = {"network": network, "addresses": addresses, "key_pairs": key_pairs}
+        self.stripe = stripe
+        """Where this process starts looking for a free address (`first_free`): worker
+        i of a pool of n starts i/n into each subnet, so the workers do not race."""
         self.region = region
         self.owner_id = owner_id
         self._zones = zones
@@ -309,7 +325,7 @@ class NetworkStore:
 
     async def allocate(self, subnet: Subnet, launch_id: str, wanted: str = "") -> str:
         """Claim an address of ``subnet`` for ``launch_id``: ``wanted`` or the lowest
-        free one. A lost race for the lowest moves on to the next."""
+        free one (from this process's `stripe` on). A lost race moves on to the next."""
         if wanted and not usable(subnet, wanted):
             raise InvalidParameterValue(
                 f"Address {wanted} is not in the usable range of {subnet.subnet_id} "
@@ -321,7 +337,8 @@ class NetworkStore:
         tried: set[int] = set()
         claim = msgspec.json.encode(AddressClaim(launch_id, time.time()))
         for _ in range(_ADDRESS_RETRIES):
-            ip = wanted or first_free(subnet, taken.keys() | tried | pending)
+            ip = wanted or first_free(subnet, _AnyOf(taken.keys(), tried, pending),
+                                      stripe=self.stripe)
             if ip is None:
                 raise InsufficientFreeAddressesInSubnet(
                     f"There are not enough free addresses in subnet '{subnet.subnet_id}' "
