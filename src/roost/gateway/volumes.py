@@ -22,6 +22,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
 from roost.domain.errors import ServiceUnavailable
 from roost.domain.volumes import (
@@ -144,7 +145,7 @@ class VolumeStore:
         except nats.js.errors.KeyWrongLastSequenceError:
             raise ServiceUnavailable(
                 f"The volume '{vol.volume_id}' changed meanwhile; retry.") from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable(exc) from None
         self._stored[vol.volume_id] = (rev, vol)
         return vol
