@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -136,6 +137,13 @@ def reset(target: Target) -> None:
            if i["State"]["Name"] != "terminated"]
     for start in range(0, len(ids), 100):
         ec2.terminate_instances(InstanceIds=ids[start:start + 100])
+    # A subnet whose instances are still shutting down cannot be deleted (as on EC2).
+    deadline = time.monotonic() + 60
+    while ids and time.monotonic() < deadline:
+        pages = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+        ids = [i["InstanceId"] for r in pages for i in r["Instances"]
+               if i["State"]["Name"] != "terminated"]
+        time.sleep(0.05 if ids else 0)
     for t in ec2.describe_launch_templates()["LaunchTemplates"]:
         ec2.delete_launch_template(LaunchTemplateId=t["LaunchTemplateId"])
     for k in ec2.describe_key_pairs()["KeyPairs"]:
