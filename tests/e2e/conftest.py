@@ -46,9 +46,12 @@ async def _cancel_the_rest() -> None:
 class ThreadedCluster:
     def __init__(self, spec: ClusterSpec, node_capacities: Sequence[str] = (), *,
                  catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
-                 nats_urls: Sequence[str] = (), operator_key: bytes | None = None) -> None:
+                 nats_urls: Sequence[str] = (), operator_key: bytes | None = None,
+                 zones: Sequence[str] = (), owner_id: str = "000000000000") -> None:
         """``nats_urls``: a NATS (cluster) started elsewhere, instead of a server of its
-        own; each node starts on a different one of them."""
+        own; each node starts on a different one of them. ``zones``: node i's
+        availability zone is ``zones[i % len(zones)]`` (default: the spec's one zone);
+        ``owner_id``: the account the gateway reports."""
         self.key, self.secret = next(iter(spec.credentials.items()))
         self.spec = spec
         nats = NatsComponent(spec.data_dir / "nats")
@@ -61,12 +64,14 @@ class ThreadedCluster:
                 host=replace(spec, node_capacity=cap).node_host(), driver=spec.driver,
                 heartbeat_seconds=spec.heartbeat_seconds, stop_grace_seconds=2.0,
                 catalog=catalog, isolation=isolation,
+                availability_zone=zones[i % len(zones)] if zones else spec.availability_zone,
             )
             for i, cap in enumerate(capacities)
         ])
         gateway = GatewayComponent(GatewayConfig(
             nats_urls=urls, port=0, region=spec.region, credentials=spec.credentials,
             auth=spec.auth, policy=spec.policy, launch_timeout=5.0, operator_key=operator_key,
+            owner_id=owner_id,
         ))
         self.nats = nats
         self.cluster = LocalCluster([gateway, nodes] if nats_urls else [nats, gateway, nodes])
@@ -125,12 +130,14 @@ def make_cluster(tmp: Path, *, nodes: int = 3, capacity: str = "8vcpu,32GiB",
                  capacities: Sequence[str] = (), driver: str = "sim",
                  catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
                  nats_urls: Sequence[str] = (), operator_key: bytes | None = None,
+                 zones: Sequence[str] = (), owner_id: str = "000000000000",
                  **kw: Any) -> ThreadedCluster:
     key, secret = new_credentials()
     spec = ClusterSpec(data_dir=tmp, nodes=nodes, driver=driver, node_capacity=capacity,
                        heartbeat_seconds=0.5, port=0, credentials={key: secret}, **kw)
     cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation,
-                              nats_urls=nats_urls, operator_key=operator_key).start()
+                              nats_urls=nats_urls, operator_key=operator_key,
+                              zones=zones, owner_id=owner_id).start()
     cluster.wait_nodes(len(capacities) or nodes)
     return cluster
 

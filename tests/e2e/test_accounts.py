@@ -35,7 +35,8 @@ from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 MISSING = {"i": "i-0123456789abcdef0", "vpc": "vpc-0123456789abcdef1",
            "subnet": "subnet-0123456789abcdef2", "sg": "sg-0123456789abcdef3",
            "key": "no-such-key", "lt": "lt-0123456789abcdef4", "ltname": "no-such-template",
-           "ami": "ami-0123456789abcdef5", "aminame": "no-such-image"}
+           "ami": "ami-0123456789abcdef5", "aminame": "no-such-image",
+           "svol": "vol-0123456789abcdef6"}
 PERMISSION = {"IpPermissions.1.IpProtocol": "tcp", "IpPermissions.1.FromPort": "22",
               "IpPermissions.1.ToPort": "22", "IpPermissions.1.IpRanges.1.CidrIp": "10.0.0.0/8"}
 RUN = {"ImageId": IMAGE, "InstanceType": "t3.micro", "MinCount": "1", "MaxCount": "1"}
@@ -103,7 +104,7 @@ ABOUT: dict[str, list[dict[str, str]]] = {
                                 {"LaunchTemplateName.1": "{ltname}"}],
     "DescribeLaunchTemplateVersions": [{"LaunchTemplateId": "{lt}"}],
     "DeleteLaunchTemplate": [{"LaunchTemplateId": "{lt}"}, {"LaunchTemplateName": "{ltname}"}],
-    "DescribeVolumes": [{"VolumeId.1": "{vol}"},
+    "DescribeVolumes": [{"VolumeId.1": "{vol}"}, {"VolumeId.1": "{svol}"},
                         {"Filter.1.Name": "attachment.instance-id", "Filter.1.Value.1": "{i}"}],
     "DescribeNetworkInterfaces": [{"NetworkInterfaceId.1": "{eni}"},
                                   {"Filter.1.Name": "vpc-id", "Filter.1.Value.1": "{vpc}"}],
@@ -115,6 +116,10 @@ ABOUT: dict[str, list[dict[str, str]]] = {
                        {"Filter.1.Name": "image-id", "Filter.1.Value.1": "{ami}"}],
     "DeregisterImage": [{"ImageId": "{ami}"}],
     "RegisterImage": [{"Name": "{aminame}", "ImageLocation": "{disk}"}],
+    "CreateVolume": [{"AvailabilityZone": "roost-1a", "Size": "1"}],
+    "AttachVolume": [{"VolumeId": "{svol}", "InstanceId": "{i}", "Device": "/dev/sdf"}],
+    "DetachVolume": [{"VolumeId": "{vol}"}, {"VolumeId": "{svol}"}],
+    "DeleteVolume": [{"VolumeId": "{svol}"}, {"VolumeId": "{vol}"}],
 }
 # Actions about no account's resource: the region, its catalog and images. Every
 # account gets the same answer.
@@ -129,7 +134,7 @@ LISTINGS = ["DescribeImages", "DescribeInstances", "DescribeInstanceStatus", "De
             "DescribeInstanceCreditSpecifications"]
 # Answers that create something of B's own carry its new ids: compared by outcome only.
 CREATES = {"CreateVpc", "CreateSubnet", "CreateSecurityGroup", "CreateKeyPair",
-           "ImportKeyPair", "CreateLaunchTemplate", "RegisterImage"}
+           "ImportKeyPair", "CreateLaunchTemplate", "RegisterImage", "CreateVolume"}
 
 
 @dataclass
@@ -229,8 +234,10 @@ def _make_a_resources(ec2: Any, disk: str) -> dict[str, str]:
     ec2.get_waiter("instance_running").wait(InstanceIds=[inst],
                                             WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
     ami = ec2.register_image(Name="a-image", ImageLocation=disk)["ImageId"]
+    svol = ec2.create_volume(AvailabilityZone="roost-1a", Size=1)["VolumeId"]
     return {"i": inst, "vpc": vpc, "subnet": subnet, "sg": sg, "key": "a-key", "lt": lt,
-            "ltname": "a-template", "ami": ami, "aminame": "a-image", "disk": disk}
+            "ltname": "a-template", "ami": ami, "aminame": "a-image", "disk": disk,
+            "svol": svol}
 
 
 def _derived(ids: dict[str, str]) -> dict[str, str]:
@@ -271,7 +278,8 @@ def _a_state(ec2: Any, ids: dict[str, str]) -> Any:
             attrs, groups, ec2.describe_vpcs(VpcIds=[ids["vpc"]])["Vpcs"],
             ec2.describe_subnets(SubnetIds=[ids["subnet"]])["Subnets"],
             ec2.describe_key_pairs(KeyNames=["a-key"])["KeyPairs"], lt,
-            ec2.describe_images(ImageIds=[ids["ami"]])["Images"])
+            ec2.describe_images(ImageIds=[ids["ami"]])["Images"],
+            ec2.describe_volumes(VolumeIds=[ids["svol"]])["Volumes"])
 
 
 def test_the_matrix_covers_every_action_the_gateway_serves() -> None:

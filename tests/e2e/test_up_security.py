@@ -131,9 +131,22 @@ async def test_nats_wants_credentials_and_scopes_each_node(up: Up) -> None:
             with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error)):
                 await js.key_value(bucket)
         await js.key_value("roost_instances")  # its own bucket opens
+        # Orders (deferred terminates): a node deletes its own, never another node's
+        # (node-9: no agent of that name runs here to carry out and delete its own).
+        orders = await spy.jetstream().key_value("roost_node_orders")
+        for key in ("node-1.i-0000000000000000a", "node-9.i-0000000000000000b"):
+            await orders.put(key, b"{}")
+        mine = await js.key_value("roost_node_orders")
+        await mine.delete("node-1.i-0000000000000000a")
+        with pytest.raises(nats.errors.TimeoutError):  # dropped: no acknowledgement
+            await mine.delete("node-9.i-0000000000000000b")
         await asyncio.sleep(0.2)
+        assert (await orders.get("node-9.i-0000000000000000b")).value == b"{}"
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await orders.get("node-1.i-0000000000000000a")
         joined = " ".join(errors).lower()
         assert 'publish to "roost.node.node-2.command"' in joined, errors
+        assert "$kv.roost_node_orders.node-9" in joined, errors
         assert "kv_roost_user_data" in joined, errors
     finally:
         await node1.close()

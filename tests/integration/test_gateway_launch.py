@@ -41,6 +41,7 @@ class ScriptedNode:
         self.on_launch = on_launch
         self.launches: list[s.LaunchRequest] = []
         self.held: dict[str, s.InstanceRecord] = {}
+        self.cannot_launch = ""
 
     def record(self, req: s.LaunchRequest) -> s.InstanceRecord:
         return s.InstanceRecord(
@@ -63,7 +64,8 @@ class ScriptedNode:
             sent_at=time.time(),
             fit={"t3.micro": self.free_cpu // 2000,
                  "gs1.quarter": sum(f // 250 for f in self.gpu_free)},
-            gpu_free=list(self.gpu_free), gpu_models=["A10G"] * len(self.gpu_free))
+            gpu_free=list(self.gpu_free), gpu_models=["A10G"] * len(self.gpu_free),
+            cannot_launch=self.cannot_launch)
         await self.nc.publish(subjects.capacity(self.node_id), s.encode(snap))
 
     async def _launch(self, msg: Msg) -> None:
@@ -171,6 +173,23 @@ async def test_a_node_that_cannot_run_it_is_passed_over(gateway: Gateway,
     resp = await post(gateway, RUN)
     assert resp.status_code == 400 and "<Code>Unsupported</Code>" in resp.text, resp.text
     assert "no QEMU here" in resp.text and time.monotonic() - started < 2.0
+
+
+async def test_a_node_that_says_it_can_launch_nothing_is_not_asked(gateway: Gateway,
+                                                                   bus: Client) -> None:
+    lacking = ScriptedNode(bus, "lacking", free_cpu=16000, on_launch=lambda r: "ok")
+    lacking.cannot_launch = "qemu-system-x86_64 is not installed on this node"
+    await lacking.start()
+    await until_live(gateway, 1)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 400 and "<Code>Unsupported</Code>" in resp.text, resp.text
+    assert "node lacking: qemu-system-x86_64 is not installed" in resp.text
+    able = ScriptedNode(bus, "able", free_cpu=2000, on_launch=lambda r: "ok")
+    await able.start()
+    await until_live(gateway, 2)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert lacking.launches == [] and len(able.launches) == 1
 
 
 async def test_an_anycast_node_that_cannot_run_it_ends_the_anycast(gateway: Gateway,

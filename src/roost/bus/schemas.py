@@ -13,6 +13,7 @@ from typing import Literal, TypeVar
 import msgspec
 
 from roost.domain.images import Image
+from roost.domain.volumes import LaunchVolume
 
 SCHEMA_VERSION = 1
 
@@ -80,15 +81,25 @@ class InstanceNetwork(Msg):
     vpc_id: str = ""
     security_group_ids: list[str] = []
     key_name: str = ""
+    public_key: str = ""
+    """The key pair's public half (OpenSSH), which the node serves at IMDS
+    ``public-keys/0/openssh-key``: a key pair deleted later still works, as on EC2."""
     root_volume_size: int = 8  # GiB
     root_volume_type: str = "gp2"
     root_volume_iops: int | None = None
     root_volume_throughput: int | None = None
     root_volume_encrypted: bool = False
     root_delete_on_termination: bool = True
+    volumes: list[LaunchVolume] = []
+    """The launch's mappings beyond the root device (`roost.domain.volumes`)."""
+    volume_tags: dict[str, str] = {}
+    """TagSpecification ResourceType=volume: the tags of every volume of the launch."""
     tenancy: str = "default"
     monitoring: bool = False
     ebs_optimized: bool = False
+    source_dest_check: bool = True
+    hibernation: bool = False
+    """HibernationOptions.Configured: recorded; roost instances stop, never hibernate."""
 
 
 class InstanceRecord(Msg):
@@ -148,6 +159,9 @@ class InstanceChanges(Msg):
     options: InstanceOptions | None = None
     instance_type: str | None = None
     user_data: str | None = None  # decoded text; "" clears it
+    network: InstanceNetwork | None = None
+    """The recorded network attributes, whole (ModifyInstanceAttribute SourceDestCheck,
+    EbsOptimized): the node stores them and enforces none."""
 
 
 class CommandReply(Msg):
@@ -182,6 +196,9 @@ class CapacitySnapshot(Msg):
     sent_at: float = 0.0  # the node's wall clock, seconds since the epoch
     isolation: str = ""  # "none" | "cgroup" | "sandbox"; "" from a node before isolation
     isolation_note: str = ""  # why isolation is lower than the node was asked for
+    cannot_launch: str = ""
+    """Why the node's driver can launch nothing now (no QEMU): gateways place nothing
+    there, and answer Unsupported, with this, when only such nodes fit."""
 
 
 class TypeInfo(Msg):

@@ -40,6 +40,9 @@ ADDRESSES_BUCKET = "roost_addresses"
 address; created by the allocating gateway, deleted (by revision) on release."""
 KEY_PAIRS_BUCKET = "roost_key_pairs"
 """JetStream KV bucket: base32 key name -> key pair (public half only); gateways."""
+VOLUMES_BUCKET = "roost_volumes"
+"""JetStream KV bucket: ``vol-…`` -> a volume that lives on its own (created, detached,
+or kept after its instance; deleted ones as tombstones); gateways, create or CAS."""
 LAUNCH_TEMPLATES_BUCKET = "roost_launch_templates"
 ACCOUNTS_BUCKET = "roost_accounts"
 """Accounts, access keys (secrets sealed with the operator key) and quota usage. Read

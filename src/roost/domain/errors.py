@@ -46,6 +46,13 @@ RoostError
  │    ├── InvalidBlockDeviceMapping  400  InvalidBlockDeviceMapping
  │    ├── CannotDelete               400  CannotDelete
  │    ├── InvalidVolumeNotFound      400  InvalidVolume.NotFound
+ │    ├── InvalidVolumeIDMalformed   400  InvalidVolumeID.Malformed
+ │    ├── InvalidVolumeZoneMismatch  400  InvalidVolume.ZoneMismatch
+ │    ├── VolumeInUse                400  VolumeInUse
+ │    ├── IncorrectState             400  IncorrectState (a volume's state)
+ │    ├── InvalidAttachmentNotFound  400  InvalidAttachment.NotFound
+ │    ├── InvalidZoneNotFound        400  InvalidZone.NotFound
+ │    ├── InvalidRequest             400  InvalidRequest
  │    ├── TemplateNameExists         400  InvalidLaunchTemplateName.AlreadyExistsException
  │    ├── TemplateNameMalformed      400  InvalidLaunchTemplateName.MalformedException
  │    ├── TemplateNameNotFound       400  InvalidLaunchTemplateName.NotFoundException
@@ -272,6 +279,34 @@ class CannotDelete(ClientError):
 
 class InvalidVolumeNotFound(ClientError):
     code = "InvalidVolume.NotFound"
+
+
+class InvalidVolumeIDMalformed(ClientError):
+    code = "InvalidVolumeID.Malformed"
+
+
+class InvalidVolumeZoneMismatch(ClientError):
+    code = "InvalidVolume.ZoneMismatch"
+
+
+class VolumeInUse(ClientError):
+    code = "VolumeInUse"
+
+
+class IncorrectState(ClientError):
+    code = "IncorrectState"
+
+
+class InvalidAttachmentNotFound(ClientError):
+    code = "InvalidAttachment.NotFound"
+
+
+class InvalidZoneNotFound(ClientError):
+    code = "InvalidZone.NotFound"
+
+
+class InvalidRequest(ClientError):
+    code = "InvalidRequest"
 
 
 class TemplateNameExists(ClientError):

@@ -12,6 +12,7 @@ from roost.gateway.call import Action, Call
 from roost.gateway.imageactions import IMAGE_ACTIONS
 from roost.gateway.ltactions import TEMPLATE_ACTIONS, expand
 from roost.gateway.netactions import NETWORK_ACTIONS
+from roost.gateway.volactions import VOLUME_ACTIONS, devices_of
 from roost.gateway.vpcextras import VPC_EXTRA_ACTIONS
 
 
@@ -19,11 +20,11 @@ async def run_instances(c: Call) -> str:
     params, stamps = expand(c.service.templates, c.params)
     reservation = await c.service.run_instances(rq.parse_run_instances(params, stamps))
     return render.run_instances(reservation, c.service.types.all(), c.request_id,
-                                c.service.net.group_names())
+                                c.service.net.group_names(), devices_of(c.service.volumes))
 
 
 async def terminate_instances(c: Call) -> str:
-    changes = await c.service.change_state("terminate", rq.parse_instance_ids(c.params))
+    changes = await c.service.change_state("terminate", rq.parse_terminate_instances(c.params))
     return render.state_changes("TerminateInstances", changes, c.request_id)
 
 
@@ -40,7 +41,7 @@ async def start_instances(c: Call) -> str:
 async def describe_instances(c: Call) -> str:
     page = await c.reads.describe_instances(rq.parse_describe_instances(c.params))
     return render.describe_instances(page, c.service.types.all(), c.request_id,
-                                     c.service.net.group_names())
+                                     c.service.net.group_names(), devices_of(c.service.volumes))
 
 
 async def describe_instance_status(c: Call) -> str:
@@ -151,4 +152,5 @@ ACTIONS: dict[str, Action] = {
     **TEMPLATE_ACTIONS,
     **IMAGE_ACTIONS,
     **VPC_EXTRA_ACTIONS,
+    **VOLUME_ACTIONS,
 }

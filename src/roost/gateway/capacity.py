@@ -132,13 +132,24 @@ class CapacityView:
         now = self._clock()
         out = []
         for node_id, n in self._nodes.items():
-            if not self._live(n, now) or (zone and n.snap.availability_zone != zone):
+            if (not self._live(n, now) or (zone and n.snap.availability_zone != zone)
+                    or n.snap.cannot_launch):
                 continue
             held = [*n.inflight.values(), *(t for t, _ in n.settling.values())]
             free = _less(_free(n.snap), held)
             alloc = Resources(n.snap.alloc_cpu_milli, n.snap.alloc_mem_mib)
             out.append(NodeView(node_id, alloc, free, draining=n.snap.draining))
         return out
+
+    def cannot_launch(self, type_name: str, zone: str = "") -> dict[str, str]:
+        """Live nodes (in ``zone``) with room for one more ``type_name`` whose driver
+        can launch nothing (`CapacitySnapshot.cannot_launch`), with the reason each
+        gave; `nodes` leaves them out."""
+        now = self._clock()
+        return {node_id: n.snap.cannot_launch for node_id, n in self._nodes.items()
+                if n.snap.cannot_launch and self._live(n, now)
+                and (not zone or n.snap.availability_zone == zone)
+                and n.snap.fit.get(type_name, 0) > 0}
 
     def says_full(self, itype: InstanceType, zone: str = "") -> bool:
         """Every node in the view has told us it cannot fit one more ``itype``.

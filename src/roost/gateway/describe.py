@@ -144,6 +144,9 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "private-dns-name": lambda r: [private_dns_name(r.private_ip)] if r.private_ip else [],
     "launch-time": lambda r: [timestamp(r.launch_time)],
     "architecture": lambda r: ["x86_64"],
+    "source-dest-check": lambda r: [str(r.net.source_dest_check).lower()],
+    "ebs-optimized": lambda r: [str(r.net.ebs_optimized).lower()],
+    "hibernation-options.configured": lambda r: [str(r.net.hibernation).lower()],
     "platform-details": lambda r: ["Linux/UNIX"],
     "platform": lambda r: [],  # Linux instances have none (EC2: "windows" or absent)
     "root-device-type": lambda r: ["ebs"],

@@ -5,7 +5,7 @@ that boots by itself, or ``KernelId`` (with an optional ``RamdiskId``) a Linux k
 (bzImage) and its initramfs, each an absolute path on the nodes (EC2 takes ``aki-``/
 ``ari-`` ids there). The gateway checks the files on its own host, where roost keeps
 gateways and nodes (one host, or the same paths on each); a node that lacks them when a
-launch comes refuses it as ``unsupported`` and placement goes elsewhere.
+launch comes refuses it as ``image_unavailable`` and placement goes elsewhere.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ looked up across the nodes first, and only if nobody holds it does placement mov
 
 A node that cannot run the launch at all (``unsupported``: no QEMU, a kernel image on a
 process node; ``image_unavailable``: the image's files are not there) is not asked
-again for it, and once no node that fits is left unrefused the caller gets the reasons
+again for it; a node whose snapshot says it can launch nothing (no QEMU) is not asked
+at all; and once no node that fits is left unrefused the caller gets the reasons
 at once, not a retry until the deadline: InvalidAMIID.Unavailable when some node lacks
 the image's files (the nodes able to boot it do not have it), Unsupported otherwise.
 """
@@ -174,8 +175,10 @@ class Launcher:
                                 workload: Workload | None, attempts: Sequence[Attempt]
                                 ) -> None:
         """Raise the refusals' answer when every node that fits ``itype`` has said it
-        cannot run the launch (see `CANNOT_RUN`)."""
-        refused = [a for a in attempts if a.outcome in CANNOT_RUN]
+        cannot run the launch (see `CANNOT_RUN`), in its snapshots or in a reply."""
+        refused = [Attempt(node_id, "unsupported", f"node {node_id}: {why}") for node_id, why
+                   in self._view.cannot_launch(itype.name, zone).items()]
+        refused += [a for a in attempts if a.outcome in CANNOT_RUN]
         if not refused:
             return
         fitting = {p.node.node_id for p in placements(
@@ -264,6 +267,7 @@ class Launcher:
         # (`Ec2Service.run_instances` has added this request to it).
         workload = self._policy.workload or self._workload.current()
         self.refuse_if_full(itype, zone)
+        self._refuse_if_none_can_run(req, itype, zone, workload, attempts)
         if self._policy.policy != "anycast":
             found = await self._targeted(req, itype, zone, workload, attempts)
             if found is not None:

@@ -349,17 +349,20 @@ class NetworkService:
         if not groups:
             default = self.store.group_named(subnet.vpc_id, "default")
             groups = [default] if default is not None else []
-        if req.key_name:
-            self.key_pair(req.key_name)
+        public_key = self.key_pair(req.key_name).public_key if req.key_name else ""
         root = req.root
         network = InstanceNetwork(
             subnet_id=subnet.subnet_id, vpc_id=subnet.vpc_id,
             security_group_ids=list(dict.fromkeys(g.group_id for g in groups)),
-            key_name=req.key_name, root_volume_size=root.size or IMAGE_ROOT_GIB,
+            key_name=req.key_name, public_key=public_key,
+            root_volume_size=root.size or IMAGE_ROOT_GIB,
             root_volume_type=root.volume_type or "gp2", root_volume_iops=root.iops,
             root_volume_throughput=root.throughput, root_volume_encrypted=root.encrypted,
-            root_delete_on_termination=root.delete_on_termination, tenancy=req.tenancy,
+            root_delete_on_termination=root.delete_on_termination,
+            volumes=list(req.volumes), volume_tags=dict(req.volume_tags),
+            tenancy=req.tenancy,
             monitoring=req.monitoring, ebs_optimized=req.ebs_optimized,
+            hibernation=req.hibernation,
         )
         return subnet, network
 

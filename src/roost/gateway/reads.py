@@ -24,6 +24,7 @@ from roost.gateway.describe import (
 )
 from roost.gateway.model import (
     FIXED_ATTRIBUTES,
+    RECORDED_ATTRIBUTES,
     InstanceAttribute,
     InstanceStatusRow,
     Paged,
@@ -32,6 +33,7 @@ from roost.gateway.model import (
     Zone,
 )
 from roost.gateway.netreads import NetworkReads
+from roost.gateway.render import block_devices, cpu_credits
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -193,8 +195,10 @@ class Ec2Reads:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
-        burstable = [r for r in records if r.instance_type.startswith("t")]
-        return self._instances(req, burstable, INSTANCE_FIELDS)
+        # Named instances are answered whatever their type (a non-burstable one runs
+        # "standard", as EC2 answers it); unnamed, only those running "unlimited".
+        chosen = records if req.ids else [r for r in records if cpu_credits(r) == "unlimited"]
+        return self._instances(req, chosen, INSTANCE_FIELDS)
 
     async def describe_instance_attribute(self, req: InstanceAttributeRequest
                                           ) -> InstanceAttribute:
@@ -207,13 +211,20 @@ class Ec2Reads:
         if req.attribute == "userData":
             user_data = await self.service.index.user_data(rec.instance_id)
             return InstanceAttribute(rec.instance_id, "userData", user_data)
+        if req.attribute == "blockDeviceMapping":
+            attached = self.service.volumes.store.attached(rec)
+            return InstanceAttribute(rec.instance_id, req.attribute, "",
+                                     xml=block_devices(attached))
+        if req.attribute in RECORDED_ATTRIBUTES:
+            value = getattr(rec.net, RECORDED_ATTRIBUTES[req.attribute])
+            return InstanceAttribute(rec.instance_id, req.attribute, str(value).lower())
         enforced = _enforced_attributes(rec)
         if req.attribute in enforced:
             return InstanceAttribute(rec.instance_id, req.attribute, enforced[req.attribute])
         if req.attribute not in FIXED_ATTRIBUTES:
             raise InvalidParameterValue(
-                f"Value ({req.attribute}) for parameter attribute is invalid."
-            )
+                f"Value ({req.attribute}) for parameter attribute is invalid. "
+                "Unknown attribute.")
         value = FIXED_ATTRIBUTES[req.attribute]
         return InstanceAttribute(rec.instance_id, req.attribute, value)
 

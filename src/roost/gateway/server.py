@@ -43,6 +43,8 @@ from roost.gateway.sigv4 import SigV4Verifier
 from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import TokenStore
 from roost.gateway.types import TypeRegistry
+from roost.gateway.volservice import VolumeService
+from roost.gateway.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class Gateway:
                             default_account=config.owner_id)
         self._images: ImageStore | None = None
         self._quotas: QuotaBook | None = None
+        self._volumes: VolumeStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -164,9 +167,13 @@ class Gateway:
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones)
         self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
-        index.on_gone = _each(network.instance_gone, quotas.instance_gone)
+        volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
+        self._volumes = volumes
+        index.on_gone = _each(network.instance_gone, volumes.instance_gone,
+                              quotas.instance_gone)
         index.group_overrides = network.instance_groups
         network.start(index.all)
+        volumes.start()
         templates.start()
         images.start()
         index.start()
@@ -174,6 +181,7 @@ class Gateway:
         await asyncio.gather(index.wait_synced(sync_timeout),
                              asyncio.wait_for(self.keys.synced.wait(), sync_timeout),
                              network.wait_synced(sync_timeout),
+                             volumes.wait_synced(sync_timeout),
                              templates.wait_synced(sync_timeout),
                              images.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
@@ -186,6 +194,7 @@ class Gateway:
             metrics=self.metrics, net=NetworkService(network), templates=templates,
             quotas=quotas,
             images=images,
+            volumes=VolumeService(volumes, index, zones),
         )
         verifier = SigV4Verifier(self.keys) if cfg.auth else None
         reads = Ec2Reads(service)
@@ -249,6 +258,8 @@ class Gateway:
             await self._quotas.stop()
         if self._images is not None:
             await self._images.stop()
+        if self._volumes is not None:
+            await self._volumes.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:

@@ -47,7 +47,13 @@ from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
-from roost.gateway.model import FIXED_ATTRIBUTES, Reservation, StateChange
+from roost.gateway.model import (
+    FIXED_ATTRIBUTES,
+    RECORDED_ATTRIBUTES,
+    Reservation,
+    StateChange,
+    recorded_attributes,
+)
 from roost.gateway.netservice import NetworkService
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
 from roost.gateway.quotas import QuotaBook
@@ -61,6 +67,7 @@ from roost.gateway.templates import TemplateStore
 from roost.gateway.tenancy import account
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
 from roost.gateway.types import TypeRegistry
+from roost.gateway.volservice import VolumeService
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,7 @@ class Ec2Service:
         net: NetworkService,
         templates: TemplateStore,
         images: ImageStore,
+        volumes: VolumeService,
         quotas: QuotaBook | None = None,
     ) -> None:
         self.site = site
@@ -116,6 +124,7 @@ class Ec2Service:
         self.templates = templates
         self.quotas = quotas
         self.images = images
+        self.volumes = volumes
 
     def zones(self) -> list[str]:
         """Zones with live nodes; the region's default zone while there are none."""
@@ -381,7 +390,10 @@ class Ec2Service:
         a destroy; anything else is refused.
         """
         (rec,) = await self.index.require([req.instance_id])
+        network = recorded_attributes(rec, req.fixed)
         for name, value in req.fixed.items():
+            if network is not None and name in RECORDED_ATTRIBUTES:
+                continue
             current = FIXED_ATTRIBUTES.get(name)
             if current is None or value.lower() != current.lower():
                 raise InvalidParameterValue(
@@ -393,10 +405,11 @@ class Ec2Service:
             raise DryRunOperation(DRY_RUN)
         if req.group_ids:
             await self.net.set_groups(rec, req.group_ids)
-        if not (req.options or req.instance_type is not None or req.user_data is not None):
+        if not (req.options or req.instance_type is not None or req.user_data is not None
+                or network is not None):
             return
-        cmd = InstanceCommand(op="modify", instance_id=rec.instance_id,
-                              changes=req.changes(rec.opts))
+        changes = msgspec.structs.replace(req.changes(rec.opts), network=network)
+        cmd = InstanceCommand(op="modify", instance_id=rec.instance_id, changes=changes)
         await self._ask(rec, cmd)
         if req.user_data is not None:
             encoded = base64.b64encode(req.user_data.encode()).decode()

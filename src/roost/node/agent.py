@@ -346,6 +346,7 @@ class NodeAgent:
             instances=len(self.ledger.allocations),
             heartbeat_seconds=self.config.heartbeat_seconds, sent_at=time.time(),
             isolation=self.driver.isolation, isolation_note=self.driver.isolation_note,
+            cannot_launch=self.driver.cannot_launch,
         )
 
     async def _publish_snapshot(self) -> None:
@@ -667,6 +668,8 @@ class NodeAgent:
             update["instance_type"] = changes.instance_type
         if changes.options is not None:
             update["options"] = changes.options
+        if changes.network is not None:
+            update["network"] = changes.network
         if changes.user_data is not None:
             self.state.set_user_data(instance_id, changes.user_data)
         rec = await self._rewrite(instance_id, **update)

@@ -114,6 +114,12 @@ class InstanceDriver(Protocol):
         """Why isolation is lower than asked for ("" when it is not)."""
         ...
 
+    @property
+    def cannot_launch(self) -> str:
+        """Why this driver can launch nothing at all (no QEMU), "" when it can: the
+        node says so in its snapshots, and gateways place nothing there."""
+        ...
+
     def prepare(self, spec: StartSpec) -> None:
         """Make what the instance needs before it is accepted (its cgroup); raises
         `DriverError`, and then leaves nothing behind."""
@@ -153,6 +159,7 @@ class SimDriver:
     overhead_mib = 0
     isolation = "none"
     isolation_note = ""
+    cannot_launch = ""
 
     def prepare(self, spec: StartSpec) -> None:
         return None

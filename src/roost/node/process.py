@@ -77,6 +77,10 @@ class ProcessDriver:
         than the instance's own program in the group adds room for that)."""
         return limits_for(itype)
 
+    @property
+    def cannot_launch(self) -> str:
+        return ""
+
     def check_image(self, image: Image) -> None:
         """Raise `Unrunnable` if this driver cannot run ``image``: a registered image is
         a kernel or a disk to boot, which only the vm driver can."""

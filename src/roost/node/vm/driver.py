@@ -71,6 +71,10 @@ class VmDriver(ProcessDriver):
             notes.append(qemu.missing_qemu(self.qemu_name))
         return "; ".join(notes)
 
+    @property
+    def cannot_launch(self) -> str:
+        return "" if self.qemu is not None else qemu.missing_qemu(self.qemu_name)
+
     def limits(self, itype: InstanceType) -> Limits:
         base = limits_for(itype)
         return Limits(cpu_milli=base.cpu_milli, mem_mib=itype.mem_mib + self.overhead_mib,
