@@ -34,8 +34,9 @@ BENCHMARKS = {
     "autoscale": BenchEntry("roost.bench.autoscale", "autoscale",
                             "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
     "churn": BenchEntry("roost.bench.churn", "churn_command",
-                        "Launch/terminate pairs by the thousand (20,000 by default): "
-                        "throughput, memory and bucket sizes, capacity restored exactly."),
+                        "Launch/terminate pairs by the thousand against `roost up`: "
+                        "throughput, memory and bucket sizes per chunk, and capacity "
+                        "restored exactly at the end."),
     "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
                                   "Plan and tick cost of the capacity controller at scale."),
     "dashboard": BenchEntry("roost.bench.dashboard", "dashboard_bench",

@@ -36,7 +36,7 @@ MISSING = {"i": "i-0123456789abcdef0", "vpc": "vpc-0123456789abcdef1",
            "subnet": "subnet-0123456789abcdef2", "sg": "sg-0123456789abcdef3",
            "key": "no-such-key", "lt": "lt-0123456789abcdef4", "ltname": "no-such-template",
            "ami": "ami-0123456789abcdef5", "aminame": "no-such-image",
-           "svol": "vol-0123456789abcdef6"}
+           "cvol": "vol-0123456789abcdef6"}
 PERMISSION = {"IpPermissions.1.IpProtocol": "tcp", "IpPermissions.1.FromPort": "22",
               "IpPermissions.1.ToPort": "22", "IpPermissions.1.IpRanges.1.CidrIp": "10.0.0.0/8"}
 RUN = {"ImageId": IMAGE, "InstanceType": "t3.micro", "MinCount": "1", "MaxCount": "1"}
@@ -104,8 +104,12 @@ ABOUT: dict[str, list[dict[str, str]]] = {
                                 {"LaunchTemplateName.1": "{ltname}"}],
     "DescribeLaunchTemplateVersions": [{"LaunchTemplateId": "{lt}"}],
     "DeleteLaunchTemplate": [{"LaunchTemplateId": "{lt}"}, {"LaunchTemplateName": "{ltname}"}],
-    "DescribeVolumes": [{"VolumeId.1": "{vol}"}, {"VolumeId.1": "{svol}"},
+    "DescribeVolumes": [{"VolumeId.1": "{vol}"}, {"VolumeId.1": "{cvol}"},
                         {"Filter.1.Name": "attachment.instance-id", "Filter.1.Value.1": "{i}"}],
+    "CreateVolume": [{"AvailabilityZone": "{zone}", "Size": "1"}],
+    "AttachVolume": [{"VolumeId": "{cvol}", "InstanceId": "{i}", "Device": "/dev/sdf"}],
+    "DetachVolume": [{"VolumeId": "{cvol}"}],
+    "DeleteVolume": [{"VolumeId": "{cvol}"}, {"VolumeId": "{vol}"}],
     "DescribeNetworkInterfaces": [{"NetworkInterfaceId.1": "{eni}"},
                                   {"Filter.1.Name": "vpc-id", "Filter.1.Value.1": "{vpc}"}],
     "DescribeRouteTables": [{"RouteTableId.1": "{rtb}"},
@@ -116,10 +120,6 @@ ABOUT: dict[str, list[dict[str, str]]] = {
                        {"Filter.1.Name": "image-id", "Filter.1.Value.1": "{ami}"}],
     "DeregisterImage": [{"ImageId": "{ami}"}],
     "RegisterImage": [{"Name": "{aminame}", "ImageLocation": "{disk}"}],
-    "CreateVolume": [{"AvailabilityZone": "roost-1a", "Size": "1"}],
-    "AttachVolume": [{"VolumeId": "{svol}", "InstanceId": "{i}", "Device": "/dev/sdf"}],
-    "DetachVolume": [{"VolumeId": "{vol}"}, {"VolumeId": "{svol}"}],
-    "DeleteVolume": [{"VolumeId": "{svol}"}, {"VolumeId": "{vol}"}],
 }
 # Actions about no account's resource: the region, its catalog and images. Every
 # account gets the same answer.
@@ -234,10 +234,11 @@ def _make_a_resources(ec2: Any, disk: str) -> dict[str, str]:
     ec2.get_waiter("instance_running").wait(InstanceIds=[inst],
                                             WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
     ami = ec2.register_image(Name="a-image", ImageLocation=disk)["ImageId"]
-    svol = ec2.create_volume(AvailabilityZone="roost-1a", Size=1)["VolumeId"]
+    zone = ec2.describe_availability_zones()["AvailabilityZones"][0]["ZoneName"]
+    cvol = ec2.create_volume(AvailabilityZone=zone, Size=1)["VolumeId"]
     return {"i": inst, "vpc": vpc, "subnet": subnet, "sg": sg, "key": "a-key", "lt": lt,
             "ltname": "a-template", "ami": ami, "aminame": "a-image", "disk": disk,
-            "svol": svol}
+            "cvol": cvol, "zone": zone}
 
 
 def _derived(ids: dict[str, str]) -> dict[str, str]:
@@ -279,7 +280,7 @@ def _a_state(ec2: Any, ids: dict[str, str]) -> Any:
             ec2.describe_subnets(SubnetIds=[ids["subnet"]])["Subnets"],
             ec2.describe_key_pairs(KeyNames=["a-key"])["KeyPairs"], lt,
             ec2.describe_images(ImageIds=[ids["ami"]])["Images"],
-            ec2.describe_volumes(VolumeIds=[ids["svol"]])["Volumes"])
+            ec2.describe_volumes(VolumeIds=[ids["cvol"], _derived(ids)["vol"]])["Volumes"])
 
 
 def test_the_matrix_covers_every_action_the_gateway_serves() -> None:
@@ -291,7 +292,8 @@ def test_the_matrix_covers_every_action_the_gateway_serves() -> None:
 
 def test_another_accounts_resource_answers_as_a_missing_one(tenants: Tenants) -> None:
     t = tenants
-    a_ids, gone = _derived(t.ids), _derived({**MISSING, "disk": t.ids["disk"]})
+    a_ids = _derived(t.ids)
+    gone = _derived({**MISSING, "disk": t.ids["disk"], "zone": t.ids["zone"]})
     before = _a_state(t.client(t.a), t.ids)
     mismatches = []
     # Creations last: B's own new resources must not show in the answers compared.
@@ -314,7 +316,7 @@ def test_another_accounts_resource_answers_as_a_missing_one(tenants: Tenants) ->
 def test_listings_show_only_the_callers_own_and_the_admin_sees_all(tenants: Tenants) -> None:
     t = tenants
     a_ids = [v for k, v in _derived(t.ids).items()
-             if k not in ("key", "ltname", "aminame", "disk")]
+             if k not in ("key", "ltname", "aminame", "disk", "zone")]
     for action in LISTINGS:
         status, body = t.call(t.b, action, {})
         assert status == 200, (action, body)

@@ -233,10 +233,11 @@ class NodeProcs:
         self.procs.clear()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def pcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ThreadedCluster,
                                                                          NodeProcs]]:
-    """A gateway (in this process) and NATS, with three node agents as processes."""
+    """A gateway (in this process) and NATS, with three node agents as processes. Shared
+    by the node drills (each leaves every node running and holding nothing)."""
     tmp = tmp_path_factory.mktemp("pfaults")
     c = make_cluster(tmp, nodes=0)
     procs = NodeProcs(c, tmp)
@@ -340,8 +341,8 @@ def test_node_killed_mid_burst_and_back(pcluster: tuple[ThreadedCluster, NodePro
     assert time.monotonic() - killed < 60
 
 
-def test_node_gone_for_good_is_forgotten(pcluster: tuple[ThreadedCluster, NodeProcs],
-                                         tmp_path: Path) -> None:
+def test_node_gone_for_good_is_forgotten(
+        pcluster: tuple[ThreadedCluster, NodeProcs]) -> None:
     cluster, procs = pcluster
     ec2 = cluster.client()
     out = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=30, MaxCount=30)

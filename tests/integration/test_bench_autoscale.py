@@ -103,3 +103,22 @@ def test_hpa_rules_tolerance_stabilization_and_scale_up_limit() -> None:
     pool.now, pool.load = 331.0, (200, 0)
     hpa.tick(pool)  # type: ignore[arg-type]
     assert pool.target == 5  # at most max(+100 %, +4) per sync
+
+
+def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
+    """``--suite --only --peaks``: one curve at peak 10 (its four points), every
+    policy, the JSON, the table and the plot; no trace needed."""
+    out = tmp_path / "suite"
+    result = CliRunner().invoke(autoscale, [
+        "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
+        "--peaks", "10", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "suite.json").read_text())
+    assert [(r["curve"], r["peak"]) for r in doc["rows"]] == [("spike-train", 10.0)] * 4
+    assert doc["summary"]["points"] == 4 and doc["settings"]["peaks"] == [10.0]
+    for row in doc["rows"]:
+        assert [r["policy"] for r in row["results"]] == list(POLICIES)
+        assert row["results"][0]["tasks_killed"] == 0
+    assert (out / "suite.md").is_file() and (out / "spike-train.png").is_file()
+    bad = CliRunner().invoke(autoscale, ["--suite", "--peaks", "ten", "--out", str(out)])
+    assert bad.exit_code == 2 and "--peaks" in bad.output

@@ -21,6 +21,7 @@ from roost.controller.adapters.kubernetes import (
 )
 from roost.controller.clock import FakeClock
 from roost.controller.orchestrator import OrchestratorError, PoolRef, UnknownInstance
+from roost.domain.errors import is_transient
 from tests.k8s_fake_api import (
     COST,
     FakeApiServer,
@@ -169,7 +170,7 @@ async def test_a_conflict_is_reported_for_the_next_tick_not_retried(rig: Rig) ->
         await rig.orch.scale_pool(POOL, 4, request_id="r1")
     assert rig.patches("/scale") == 1
     assert len(rig.names()) == 3
-    assert ScaleConflict.temporary
+    assert is_transient(ScaleConflict("409"))
     # The next tick reads the new resourceVersion and succeeds.
     await rig.orch.scale_pool(POOL, 4, request_id="r1")
     assert len(rig.names()) == 4

@@ -152,3 +152,33 @@ def test_take_then_give_restores() -> None:
 def test_gpu_model_must_match() -> None:
     t4 = InstanceType("x.t4", 1000, 1024, gpu_count=1, gpu_models=("T4",))
     assert assign_gpus(gpu_node(1000), t4) is None
+
+
+def test_one_error_tree_with_kinds_and_one_code_map() -> None:
+    from roost.controller.adapters.k8s.errors import ScaleConflict
+    from roost.controller.orchestrator import OrchestratorUnavailable, ScaleRejected
+    from roost.domain import errors as e
+
+    # Retry or answer is decided by the kind, for the gateway's and the controller's
+    # errors alike; anything outside the tree is a bug: answered, not retried.
+    assert e.is_transient(e.ServiceUnavailable("x")) and e.is_transient(
+        e.RequestLimitExceeded("x"))
+    assert not e.is_transient(e.InsufficientInstanceCapacity("x"))
+    assert not e.is_transient(e.InvalidParameterValue("x"))
+    assert not e.is_transient(e.InternalError("x")) and not e.is_transient(ValueError("x"))
+    assert isinstance(OrchestratorUnavailable("x"), e.RoostError)
+    assert e.is_transient(OrchestratorUnavailable("x")) and e.is_transient(ScaleConflict("x"))
+    assert not e.is_transient(ScaleRejected("x"))
+    # Every EC2 code maps back to its own class, in one place.
+    todo: list[type[e.RoostError]] = [e.RoostError]
+    seen = 0
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__ == e.__name__ and "code" in vars(cls) and cls is not e.RoostError:
+            assert type(e.from_code(cls.code, "m")) is cls, cls
+            seen += 1
+    assert seen > 50
+    assert type(e.from_code("Throttling")) is e.RequestLimitExceeded
+    unknown = e.from_code("NoSuchCode", "")
+    assert type(unknown) is e.InternalError and unknown.message == "NoSuchCode"

@@ -608,6 +608,14 @@ def _markdown(doc: dict[str, Any]) -> str:
     return text
 
 
+def _floats(text: str) -> set[float]:
+    try:
+        return {float(x) for x in text.split(",") if x.strip()}
+    except ValueError:
+        raise click.BadParameter(f"not a comma-separated list of numbers: {text!r}",
+                                 param_hint="--peaks") from None
+
+
 @click.command("autoscale")
 @click.option("--demand", "demand_path", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="A per-minute demand CSV (last column: count). "
@@ -656,6 +664,8 @@ def _markdown(doc: dict[str, Any]) -> str:
               help="With --suite: the whole matrix (adds WorldCup98 at peak 100: slow).")
 @click.option("--only", default=None,
               help="With --suite: comma-separated curve names to run (default: all).")
+@click.option("--peaks", default=None,
+              help="With --suite: comma-separated peaks (tasks/s) to run (default: all).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
               default=Path("bench-results/autoscale-suite"), show_default=True,
               help="With --suite: where the results go.")
@@ -665,13 +675,14 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               interval: float, up_window: float, down_window: float,
               small_pool_replicas: int, slo_seconds: float, seed: int,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
-              out_dir: Path) -> None:
+              peaks: str | None, out_dir: Path) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if suite:
         from roost.bench.suite_cli import run_suite
 
         run_suite(data_dir or default_data_dir(), out_dir, full=full, seed=seed,
-                  only=None if only is None else set(only.split(",")))
+                  only=None if only is None else set(only.split(",")),
+                  peaks=None if peaks is None else _floats(peaks))
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

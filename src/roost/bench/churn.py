@@ -48,6 +48,7 @@ class Chunk:
     rss_mib: float | None
     instances_bucket_kib: float | None
     tokens_bucket_kib: float | None
+    error_samples: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ async def churn(signer: Signer, *, pairs: int, concurrency: int, chunk: int,
         sizes = await probe() if probe is not None else {}
         row = Chunk(done, level.launches_per_second, level.errors, level.run_p50_ms,
                     level.run_p99_ms, sizes.get("rss_mib"), sizes.get("instances_kib"),
-                    sizes.get("tokens_kib"))
+                    sizes.get("tokens_kib"), level.error_samples)
         out.append(row)
         if on_chunk is not None:
             on_chunk(row)
@@ -176,8 +177,8 @@ def churn_command(pairs: int, concurrency: int, chunk: int, nodes: int, node_cap
             click.echo(f"{row.done:>7} pairs  {row.pairs_per_second:7.1f} pairs/s  "
                        f"errors {row.errors}  run p50/p99 {row.run_p50_ms}/{row.run_p99_ms} ms"
                        f"  rss {row.rss_mib} MiB  buckets: instances "
-                       f"{row.instances_bucket_kib} KiB, tokens {row.tokens_bucket_kib} KiB",
-                       err=True)
+                       f"{row.instances_bucket_kib} KiB, tokens {row.tokens_bucket_kib} KiB"
+                       + "".join(f"\n    {e}" for e in row.error_samples), err=True)
 
         async def go() -> dict[str, Any]:
             before = await probe()

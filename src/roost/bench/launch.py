@@ -79,6 +79,8 @@ class Level:
     terminate_p50_ms: float
     terminate_p99_ms: float
     launches_per_second: float
+    error_samples: tuple[str, ...] = ()
+    """The first few errors, as they were (an EC2 error's body, a connection error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,13 +177,13 @@ async def _call(conn: Connection, signer: Signer, body: str) -> tuple[float, str
 
 
 def _level(concurrency: int, pairs: int, errors: int, runs: list[float], terms: list[float],
-           wall: float) -> Level:
+           wall: float, samples: Sequence[str] = ()) -> Level:
     ms = 1000.0
     return Level(
         concurrency, pairs, errors,
         round(percentile(runs, 50) * ms, 2), round(percentile(runs, 99) * ms, 2),
         round(percentile(terms, 50) * ms, 2), round(percentile(terms, 99) * ms, 2),
-        round(len(terms) / wall, 1) if wall else 0.0,
+        round(len(terms) / wall, 1) if wall else 0.0, tuple(samples[:5]),
     )
 
 
@@ -192,6 +194,7 @@ async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str,
     runs: list[float] = []
     terms: list[float] = []
     errors = 0
+    samples: list[str] = []
     todo = iter(range(pairs))
     run = RUN + ("&ClientToken={token}" if token_prefix else "")
 
@@ -208,15 +211,18 @@ async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str,
                     took, _ = await _call(conn, signer, TERMINATE.format(iid=iid))
                     terms.append(took)
                 except (RuntimeError, IndexError, ValueError, OSError,
-                        asyncio.IncompleteReadError):
+                        asyncio.IncompleteReadError) as exc:
                     errors += 1
+                    if len(samples) < 5:
+                        samples.append(f"{type(exc).__name__}: {str(exc)[:300]}")
                     await conn.close()
         finally:
             await conn.close()
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return _level(concurrency, pairs, errors, runs, terms, time.perf_counter() - started)
+    return _level(concurrency, pairs, errors, runs, terms, time.perf_counter() - started,
+                  samples)
 
 
 async def ice_level(signer: Signer, *, concurrency: int, requests: int, itype: str,
@@ -779,6 +785,27 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
     if quick:
         levels, pairs, warmup, ice_requests = (1, 8), 16, 2, 16
     workers = list(dict.fromkeys(gateway_workers))
+    # SIGTERM unwinds like Ctrl-C, so the clusters and servers started are stopped (a
+    # background job may have SIGINT ignored).
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        report = _launch(levels, pairs, warmup, instance_type, nodes, node_capacity,
+                         ice_type, ice_requests, policy, workers, no_moto, no_floor,
+                         endpoint, region)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if json_out == "-":
+        click.echo(json.dumps(report, indent=2))
+        return
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_report(report))
+
+
+def _launch(levels: Sequence[int], pairs: int, warmup: int, instance_type: str, nodes: int,
+            node_capacity: str, ice_type: str, ice_requests: int, policy: str,
+            workers: list[int], no_moto: bool, no_floor: bool, endpoint: str | None,
+            region: str) -> dict[str, Any]:
     report: dict[str, Any] = {"machine": machine(), "instance_type": instance_type,
                               "pairs": pairs, "levels": list(levels)}
     if endpoint:
@@ -818,12 +845,7 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
             roosts = {name: Signer(c[0], c[1], c[2], region) for name, c in clusters.items()}
             report.update(asyncio.run(bench_all(roosts, peers, levels=levels, pairs=pairs,
                                                 itype=instance_type, warmup=warmup)))
-    if json_out == "-":
-        click.echo(json.dumps(report, indent=2))
-        return
-    if json_out:
-        Path(json_out).write_text(json.dumps(report, indent=2) + "\n")
-    click.echo(format_report(report))
+    return report
 
 
 @contextmanager

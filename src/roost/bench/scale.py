@@ -46,12 +46,13 @@ import os
 import pickle
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ ICE = "InsufficientInstanceCapacity"
 ORACLE = "roost.bench.oracle.{group}"
 IDS = re.compile(r"<instanceId>(i-[0-9a-f]+)</instanceId>")
 CODE = re.compile(r"<Code>([^<]+)</Code>")
+MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
 VERSION = "Version=2016-11-15"
 MAX_BATCH = 50
 SUBNET_ROOM = 65_000  # a /16 subnet, less EC2's five reserved addresses, rounded down
@@ -261,8 +263,16 @@ class Phase:
     """ICE with room at the oracle, but a TerminateInstances ran between the request and
     the oracle's look: the room may have been freed after the answer."""
     errors: dict[str, int] = field(default_factory=dict)
+    first_messages: dict[str, str] = field(default_factory=dict)
+    """Error code -> the first message seen with it."""
     wall: float = 0.0
     retries_per_launch: float | None = None
+
+    def count_error(self, code: str, text: str = "") -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+        if code not in self.first_messages:
+            found = MESSAGE.search(text)
+            self.first_messages[code] = found.group(1)[:300] if found else ""
 
     def summary(self) -> dict[str, Any]:
         ms = 1000.0
@@ -273,6 +283,7 @@ class Phase:
             "p99_ms": round(percentile(self.latencies, 99) * ms, 2),
             "ice": self.ice, "false_ice": self.false_ice,
             "ice_beside_departures": self.ice_beside_departures, "errors": self.errors,
+            "first_messages": self.first_messages,
             "retries_per_launch": self.retries_per_launch,
             "seconds": round(self.wall, 2),
         }
@@ -316,16 +327,23 @@ class Client:
             await self._nc.close()
 
     async def call(self, body: str) -> tuple[int, str]:
+        """One signed call. A pooled connection the server closed while idle (uvicorn
+        keeps one 5 s) is replaced and the call sent again, once."""
         async with self._slots:
-            conn = self._idle.pop() if self._idle else Connection(self.signer.url)
             data = body.encode()
-            try:
-                status, text = await conn.post(data, self.signer.headers(data))
-            except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
-                await conn.close()
-                return 0, f"<Code>Client.{type(exc).__name__}</Code>"
-            self._idle.append(conn)
-            return status, text
+            for fresh in (False, True):
+                conn = (self._idle.pop() if self._idle and not fresh
+                        else Connection(self.signer.url))
+                try:
+                    status, text = await conn.post(data, self.signer.headers(data))
+                except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as exc:
+                    await conn.close()
+                    if fresh:
+                        return 0, f"<Code>Client.{type(exc).__name__}</Code>"
+                    continue
+                self._idle.append(conn)
+                return status, text
+            raise AssertionError("unreachable")
 
     def run_body(self, itype: str, count: int, token: str = "") -> str:
         subnet = ""
@@ -355,7 +373,7 @@ class Client:
                 elif room:
                     phase.false_ice += 1
             else:
-                phase.errors[code] = phase.errors.get(code, 0) + 1
+                phase.count_error(code, text)
             return
         phase.launched += len(ids)
         for iid, life in zip(ids, batch.lifetimes, strict=False):
@@ -388,8 +406,7 @@ class Client:
                 self.terminating -= 1
                 self.last_terminated = asyncio.get_running_loop().time()
             if status != 200 and phase is not None:
-                code = "Terminate." + (CODE.findall(text) or ["unknown"])[0]
-                phase.errors[code] = phase.errors.get(code, 0) + 1
+                phase.count_error("Terminate." + (CODE.findall(text) or ["unknown"])[0], text)
         return len(due)
 
 
@@ -399,6 +416,17 @@ async def open_loop(client: Client, phase: Phase, sched: Schedule) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     pending: set[asyncio.Task[Any]] = set()
+
+    def spawn(work: Coroutine[Any, Any, Any]) -> None:
+        async def counted() -> None:
+            try:
+                await work
+            except Exception as exc:  # a client-side bug is a figure, not a lost task
+                phase.count_error(f"Client.{type(exc).__name__}", f"<Message>{exc}</Message>")
+
+        task = asyncio.create_task(counted())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
     items = list(sched.items)
     k = 0
     last_departure = start
@@ -406,16 +434,11 @@ async def open_loop(client: Client, phase: Phase, sched: Schedule) -> None:
         now = loop.time()
         while k < len(items) and start + items[k][0] <= now:
             t, b = items[k]
-            task = asyncio.create_task(client.launch(phase, b, life_scale=sched.life_scale,
-                                                     scheduled=start + t))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            spawn(client.launch(phase, b, life_scale=sched.life_scale, scheduled=start + t))
             k += 1
         if now - last_departure >= 0.1:
             last_departure = now
-            leaving = asyncio.create_task(client.depart_due(phase))
-            pending.add(leaving)
-            leaving.add_done_callback(pending.discard)
+            spawn(client.depart_due(phase))
         nxt = start + items[k][0] if k < len(items) else now
         await asyncio.sleep(max(0.0, min(nxt - loop.time(), 0.05)))
     await asyncio.gather(*pending)
@@ -423,16 +446,17 @@ async def open_loop(client: Client, phase: Phase, sched: Schedule) -> None:
 
 
 async def fill(client: Client, source: Sequence[Batch], *, live: int, life_scale: float,
-               concurrency: int = 32) -> Phase:
+               concurrency: int = 32, say: Any = None) -> Phase:
     """Launch the trace's batches, ``concurrency`` at a time, until ``live`` run."""
     phase = Phase("fill")
     loop = asyncio.get_running_loop()
     started = loop.time()
+    told = 0
     turn = iter(range(10**9))
     asked = 0  # instances asked for and not yet answered
 
     async def worker() -> None:
-        nonlocal asked
+        nonlocal asked, told
         while phase.requests < live * 4:
             b = source[next(turn) % len(source)]
             want = min(len(b.lifetimes), live - len(client.live) - asked)
@@ -445,6 +469,9 @@ async def fill(client: Client, source: Sequence[Batch], *, live: int, life_scale
                                     residual=True)
             finally:
                 asked -= want
+            if say is not None and len(client.live) >= told + live // 10:
+                told = len(client.live)
+                say(f"  fill: {told} live after {loop.time() - started:.0f} s")
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     phase.wall = loop.time() - started
@@ -666,7 +693,7 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         out["probe_at_0"] = await probe(client, s.probes, probe_type)
         say(f"  probe at 0: {out['probe_at_0']}")
         steady = schedule(source, rate=s.rate, live=s.live, seconds=s.steady_seconds)
-        ph = await fill(client, source, live=s.live, life_scale=steady.life_scale)
+        ph = await fill(client, source, live=s.live, life_scale=steady.life_scale, say=say)
         out["fill"] = ph.summary()
         say(f"  fill: {out['fill']}")
         out["live_after_fill"] = len(client.live)
@@ -769,8 +796,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
                  label=f"burst p50, {gw} gw")
         rate.plot(xs, [st["bursts"][k]["launches_per_second"] for st in steps], marker="s",
                   label=f"burst, {gw} gw")
-    lat.plot(xs, [st["probe_at_0"]["run_p50_ms"] for st in steps], "k--", label="probe at 0")
-    lat.plot(xs, [st["probe_at_live"]["run_p50_ms"] for st in steps], "k:",
+    lat.plot(xs, [st["probe_at_0"]["run_p50_ms"] for st in steps], "kx--", label="probe at 0")
+    lat.plot(xs, [st["probe_at_live"]["run_p50_ms"] for st in steps], "k+:",
              label="probe at live")
     lat.set(xlabel="sim nodes", ylabel="RunInstances ms", title="latency", yscale="log")
     rate.set(xlabel="sim nodes", ylabel="instances launched / s", title="throughput")
@@ -841,16 +868,29 @@ def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float,
     def say(text: str) -> None:
         click.echo(text, err=True)
 
-    for nodes in steps:
-        with tempfile.TemporaryDirectory(prefix="roost-scale-") as tmp:
-            step = asyncio.run(run_step(nodes, source, types, settings, Path(tmp), say))
-        p0, p1 = step["probe_at_0"]["run_p50_ms"], step["probe_at_live"]["run_p50_ms"]
-        step["latency_ratio"] = round(p1 / p0, 2) if p0 else None
-        step["gateway_workers"] = list(settings.gateway_workers)
-        report["steps"].append(step)
-        if out_dir is not None:  # after every step: a long run keeps what it measured
-            write(report, out_dir)
+    # SIGTERM unwinds like Ctrl-C, so the servers and processes started are stopped (a
+    # background job may have SIGINT ignored).
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        for nodes in steps:
+            _step(nodes, source, types, settings, report, out_dir, say)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(format_markdown(report))
+
+
+def _step(nodes: int, source: Sequence[Batch], types: Sequence[InstanceType],
+          settings: Settings, report: dict[str, Any], out_dir: Path | None,
+          say: Any) -> None:
+    """Run one step and add it to ``report`` (written to ``out_dir`` at once)."""
+    with tempfile.TemporaryDirectory(prefix="roost-scale-") as tmp:
+        step = asyncio.run(run_step(nodes, source, types, settings, Path(tmp), say))
+    p0, p1 = step["probe_at_0"]["run_p50_ms"], step["probe_at_live"]["run_p50_ms"]
+    step["latency_ratio"] = round(p1 / p0, 2) if p0 else None
+    step["gateway_workers"] = list(settings.gateway_workers)
+    report["steps"].append(step)
+    if out_dir is not None:  # after every step: a long run keeps what it measured
+        write(report, out_dir)
 
 
 def write(report: dict[str, Any], out_dir: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ MAX_REPLICAS = 5000
 
 
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
-              only: set[str] | None) -> dict[str, Any]:
+              only: set[str] | None, peaks: set[float] | None = None) -> dict[str, Any]:
     console = Console(stderr=True)
     todo, missing = curves(data_dir, full=full)
     if only:
@@ -38,6 +38,10 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         if unknown:
             raise click.ClickException(f"no such curve: {', '.join(sorted(unknown))}")
         todo = [c for c in todo if c.name in only]
+    if peaks:
+        todo = [replace(c, points=tuple(p for p in c.points if p.peak in peaks))
+                for c in todo]
+        todo = [c for c in todo if c.points]
     for note in missing:
         console.print(f"[yellow]{note}[/]")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
@@ -63,7 +67,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
                                                   "growth_percent", "disruption_replicas",
                                                   "disruption_percent")},
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
-            "full": full,
+            "full": full, "peaks": sorted(peaks) if peaks else None,
         },
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),

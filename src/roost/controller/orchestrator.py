@@ -18,8 +18,9 @@ Rules every adapter keeps:
   only shrinks a settled pool, so that never happens to it).
 - Failures are exceptions from the tree below, never bare client errors:
 
-  OrchestratorError
-   ├── OrchestratorUnavailable  could not reach it or it timed out: retry next tick
+  OrchestratorError            (a `roost.domain.errors.RoostError`: permanent unless
+   │                            its kind says transient)
+   ├── OrchestratorUnavailable  transient: could not reach it or it timed out; retry
    ├── UnknownPool              the pool's reference names nothing there
    ├── UnknownInstance          no such instance in that pool
    └── ScaleRejected            it answered and refused (quota, invalid count)
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from roost.decide.snapshot import Infra, InstanceView, NodeFigures
+from roost.domain.errors import RoostError
 
 PoolState = Infra
 """What an adapter reports for a pool: the replica count it is trying to run
@@ -53,12 +55,12 @@ __all__ = [
 ]
 
 
-class OrchestratorError(Exception):
-    temporary = False
+class OrchestratorError(RoostError):
+    pass
 
 
 class OrchestratorUnavailable(OrchestratorError):
-    temporary = True
+    kind = "transient"
 
 
 class UnknownPool(OrchestratorError):

@@ -27,8 +27,9 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   `PlanSettings.headroom_window`, times the service time. ``sd`` counts only the
   variance beyond what Poisson arrivals at the mean show over the rate window
   (``mean / rate_window``): the target per replica already absorbs that. It holds only
-  for bursts that recur (the reads rose above ``mean + sd`` at least twice, apart, or
-  the pool is flapping), and it only stops a scale-down: it never makes a pool grow.
+  for bursts that recur (the reads rose above ``mean + headroom_sigmas x`` their whole
+  sd at least twice, falling below the mean between, or the pool is flapping), and it
+  only stops a scale-down: it never makes a pool grow.
   Bursts shorter than a start-up find room instead of a shrunk pool; a step down is not
   held at its old level.
 
@@ -65,7 +66,8 @@ class Peak:
     highest: float
     rate: float
     recurs: bool = False
-    """The reads rose above ``mean + sd`` at least twice, apart: bursts that come back."""
+    """The reads rose above ``mean + headroom_sigmas x`` their whole sd (Poisson noise
+    included) at least twice, falling below the mean between: bursts that come back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +124,16 @@ class Estimates:
         # Poisson arrivals at the mean would vary by mean / window on their own: the
         # target per replica absorbs that, so only the variance beyond it is burstiness.
         sd = math.sqrt(max(0.0, var - mean / s.rate_window))
-        # separate excursions above mean + sd: a burst that came back, not one step
-        above = [x > mean + sd for x in xs]
-        bursts = sum(1 for i, hi in enumerate(above) if hi and (i == 0 or not above[i - 1]))
+        # excursions above the quantile of all the variance (Poisson's included, so noise
+        # seldom gets there), each after the rate fell back below the mean: a burst that
+        # came back, not one step or a ramp wavering near the line
+        line = mean + s.headroom_sigmas * math.sqrt(var)
+        bursts, armed = 0, True
+        for x in xs:
+            if armed and x > line:
+                bursts, armed = bursts + 1, False
+            elif x < mean:
+                armed = True
         return Peak(mean, sd, max(xs), min(mean + s.headroom_sigmas * sd, max(xs)),
                     sd > 0 and bursts >= 2)
 

@@ -1,6 +1,12 @@
-"""roost's error tree. Each error knows its EC2 wire code and HTTP status.
+"""roost's error tree. Each error knows its EC2 wire code and HTTP status, and its
+*kind*: ``transient`` (the same call may succeed later: retry, or answer 503 and let the
+caller retry) or ``permanent`` (retrying the same call cannot help: answer it). Callers
+decide retry against answer by `is_transient`, never by an error's class name or
+message. The gateway, the node agents' replies (their codes come back through
+`from_code`) and the controller's orchestrator adapters (`OrchestratorError` is a
+`RoostError`) share this one tree.
 
-RoostError
+RoostError (permanent unless a class says otherwise)
  ├── ClientError (4xx: the caller can fix the request)
  │    ├── InvalidParameterValue      400  bad value, unknown instance type
  │    ├── InvalidParameterCombination 400
@@ -70,22 +76,44 @@ RoostError
  │    └── DryRunOperation            412  (EC2 reports a successful dry run as an error)
  └── ServerError (5xx)
       ├── InsufficientInstanceCapacity 500  no node can fit it (as EC2 answers it)
-      ├── ServiceUnavailable          503  NATS or a node unreachable: not a capacity answer
+      ├── ServiceUnavailable          503  transient: NATS or a node unreachable, not a
+      │                                     capacity answer
+      ├── RequestLimitExceeded        503  transient: too many requests now
       └── InternalError               500  anything unexpected, logged with the request id
 
-One renderer (the gateway's serializer) turns any of them into EC2's error XML.
+The controller's `OrchestratorError` tree (roost.controller.orchestrator) hangs below
+RoostError too: `OrchestratorUnavailable` is transient, a refusal permanent.
+
+One renderer (the gateway's serializer) turns any of them into EC2's error XML; codes
+map back to classes in one place, `from_code`.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+Kind = Literal["transient", "permanent"]
 
 
 class RoostError(Exception):
     code = "InternalError"
     http_status = 500
+    kind: ClassVar[Kind] = "permanent"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    @property
+    def transient(self) -> bool:
+        return self.kind == "transient"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether trying again may succeed: a `RoostError` says so by its kind; anything
+    else (a bug, an unexpected library error) is permanent, so it is answered (500)
+    rather than retried in a loop."""
+    return isinstance(exc, RoostError) and exc.transient
 
 
 class ClientError(RoostError):
@@ -369,7 +397,36 @@ class InsufficientInstanceCapacity(ServerError):
 class ServiceUnavailable(ServerError):
     code = "ServiceUnavailable"
     http_status = 503
+    kind = "transient"
+
+
+class RequestLimitExceeded(ServerError):
+    code = "RequestLimitExceeded"
+    http_status = 503
+    kind = "transient"
 
 
 class InternalError(ServerError):
     code = "InternalError"
+
+
+def _by_code() -> dict[str, type[RoostError]]:
+    found: dict[str, type[RoostError]] = {}
+    todo: list[type[RoostError]] = [RoostError]
+    while todo:
+        cls = todo.pop()
+        if cls is not RoostError and cls.__module__ == __name__ and "code" in vars(cls):
+            found.setdefault(cls.code, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+_BY_CODE = _by_code()
+_BY_CODE["Throttling"] = RequestLimitExceeded  # the AWS-wide spelling of the same
+
+
+def from_code(code: str, message: str = "") -> RoostError:
+    """The error an EC2 wire code names (from a node's reply, or an EC2 API's answer);
+    an unknown code is internal (permanent)."""
+    cls = _BY_CODE.get(code, InternalError)
+    return cls(message or code)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from collections.abc import Collection
+import itertools
+from collections.abc import Container
 from typing import Literal
 
 import msgspec
@@ -140,12 +141,19 @@ def check_block(cidr: str, *, low: int = 16, high: int = 28) -> ipaddress.IPv4Ne
     return net if low <= net.prefixlen <= high else None
 
 
-def first_free(subnet: Subnet, used: Collection[int]) -> str | None:
-    """The lowest usable address of ``subnet`` not in ``used`` (addresses as ints)."""
+def first_free(subnet: Subnet, used: Container[int], *, stripe: tuple[int, int] = (0, 1)
+               ) -> str | None:
+    """The lowest usable address of ``subnet`` not in ``used`` (addresses as ints).
+
+    ``stripe`` (i, n) starts the search i/n of the way into the usable range and wraps
+    around, so that n processes claiming addresses at once do not all race for the
+    same lowest one; (0, 1) is plain lowest-first."""
     net = subnet.network
-    start = int(net.network_address) + RESERVED_LOW
-    end = int(net.broadcast_address)
-    for n in range(start, end):
+    low = int(net.network_address) + RESERVED_LOW
+    high = int(net.broadcast_address)
+    index, count = stripe
+    start = low + (high - low) * index // max(count, 1)
+    for n in itertools.chain(range(start, high), range(low, start)):
         if n not in used:
             return str(ipaddress.IPv4Address(n))
     return None

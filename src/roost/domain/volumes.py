@@ -48,7 +48,8 @@ class Volume(msgspec.Struct, frozen=True):
     """A tombstone: kept so that a late "keep this volume" write (its instance's
     termination seen again after a restart) cannot bring a deleted volume back."""
     owner_id: str = ""
-    """The account whose volume it is (its instance's, or CreateVolume's caller's)."""
+    """The account the volume belongs to: its instance's, or its creator's ("" predates
+    accounts: the default account)."""
 
     @property
     def state(self) -> str:

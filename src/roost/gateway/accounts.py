@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.domain.accounts import (
     DEFAULT_ACCOUNT,
     Account,
@@ -244,7 +245,7 @@ class AccountStore:
                     await self.kv.create(key, data)
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable(exc) from None
             return updated
         raise ServiceUnavailable(f"Quota usage of {account_id} is changing too fast; retry.")

@@ -23,6 +23,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import BucketMirror
+from roost.bus.failures import BUS_DOWN
 from roost.domain.errors import (
     InvalidAMIIDNotFound,
     InvalidAMINameDuplicate,
@@ -92,11 +93,11 @@ class ImageStore(BucketMirror):
             await self._kv.create(name_key, image_id.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             raise _duplicate(image.name) from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The image store is unreachable: {exc!r}") from None
         try:
             await self._kv.create(image_id, msgspec.json.encode(image))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             await self._forget(name_key)
             raise ServiceUnavailable(f"The image store is unreachable: {exc!r}") from None
         self._registered[image_id] = image
@@ -110,7 +111,7 @@ class ImageStore(BucketMirror):
                 "deregistered.")
         try:
             await self._kv.delete(image_id)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The image store is unreachable: {exc!r}") from None
         self._registered.pop(image_id, None)
         await self._forget(_name_key(self.owner(image), image.name))
@@ -118,7 +119,7 @@ class ImageStore(BucketMirror):
     async def _forget(self, key: str) -> None:
         try:
             await self._kv.delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release image name key %s: %r", key, exc)
 
     # -- watching --------------------------------------------------------------------

@@ -35,6 +35,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus import subjects
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
 from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
@@ -139,7 +140,7 @@ class InstanceIndex:
             entry = await self._records_kv.get(instance_id)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError):
             return None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The instance index is unreachable: {exc!r}") from None
         try:
             rec = decode(entry.value or b"", InstanceRecord)
@@ -190,7 +191,7 @@ class InstanceIndex:
             except nats.js.errors.KeyWrongLastSequenceError:
                 await self._reload_tags(rec.instance_id)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise ServiceUnavailable(f"The tag store is unreachable: {exc!r}") from None
             self._tags[rec.instance_id] = (rev, tags)
             return
@@ -214,7 +215,7 @@ class InstanceIndex:
         try:
             await self._orders_kv.put(subjects.node_order(rec.node_id, rec.instance_id),
                                       encode(order))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The node order store is unreachable: {exc!r}") from None
         self._orders[rec.instance_id] = order
         return self._merged(rec)
@@ -222,7 +223,7 @@ class InstanceIndex:
     async def put_user_data(self, instance_id: str, user_data_b64: str) -> None:
         try:
             await self._user_data_kv.put(instance_id, user_data_b64.encode())
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.error("could not keep user data of %s: %r", instance_id, exc)
             return
         self._with_user_data.add(instance_id)
@@ -233,7 +234,7 @@ class InstanceIndex:
             entry = await self._user_data_kv.get(instance_id)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.InvalidKeyError):
             return ""
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The user data store is unreachable: {exc!r}") from None
         return (entry.value or b"").decode("ascii", errors="replace")
 
@@ -321,5 +322,5 @@ class InstanceIndex:
             if held:
                 try:
                     await kv.delete(instance_id)
-                except (TimeoutError, nats.errors.Error):
+                except BUS_DOWN:
                     pass

@@ -18,7 +18,7 @@ import base64
 import ipaddress
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Container, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import msgspec
@@ -27,6 +27,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
 from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.errors import (
@@ -52,6 +53,18 @@ from roost.gateway.tenancy import account, visible
 log = logging.getLogger(__name__)
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a conditional write whose expected revision moved on."""
+
+
+class _AnyOf:
+    """Membership in any of several sets, without building their union (a subnet's
+    taken addresses run to tens of thousands)."""
+
+    def __init__(self, *parts: Container[int]) -> None:
+        self.parts = parts
+
+    def __contains__(self, n: object) -> bool:
+        return any(n in p for p in self.parts)
+
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
 ORPHAN_AFTER = 600.0
@@ -98,8 +111,12 @@ def _unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
 
 class NetworkStore:
     def __init__(self, network: KeyValue, addresses: KeyValue, key_pairs: KeyValue, *,
-                 region: str, owner_id: str, zones: Callable[[], list[str]]) -> None:
+                 region: str, owner_id: str, zones: Callable[[], list[str]],
+                 stripe: tuple[int, int] = (0, 1)) -> None:
         self._kvs = {"network": network, "addresses": addresses, "key_pairs": key_pairs}
+        self.stripe = stripe
+        """Where this process starts looking for a free address (`first_free`): worker
+        i of a pool of n starts i/n into each subnet, so the workers do not race."""
         self.region = region
         self.owner_id = owner_id
         self._zones = zones
@@ -199,7 +216,7 @@ class NetworkStore:
             rev = await self._kvs["network"].create(key, msgspec.json.encode(rec))
         except nats.js.errors.KeyWrongLastSequenceError:
             raise ServiceUnavailable(f"The id {key} was taken meanwhile; retry.") from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._records[key] = (rev, rec)
 
@@ -221,7 +238,7 @@ class NetworkStore:
             except nats.js.errors.KeyWrongLastSequenceError:
                 await self._reload(key)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable("network", exc) from None
             self._records[key] = (rev, updated)
             return updated
@@ -233,7 +250,7 @@ class NetworkStore:
         except nats.js.errors.KeyNotFoundError:
             self._records.pop(key, None)
             return
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         try:
             self._records[key] = (entry.revision or 0, _RECORD.decode(entry.value or b""))
@@ -243,7 +260,7 @@ class NetworkStore:
     async def remove(self, key: str) -> None:
         try:
             await self._kvs["network"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._records.pop(key, None)
 
@@ -254,7 +271,7 @@ class NetworkStore:
             await self._kvs["network"].create(key, group_id.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self._names[key] = group_id
         return True
@@ -263,7 +280,7 @@ class NetworkStore:
         key = name_key(vpc_id, name, owner_id)
         try:
             await self._kvs["network"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release group name %s: %r", key, exc)
         self._names.pop(key, None)
 
@@ -273,7 +290,7 @@ class NetworkStore:
         try:
             await self._kvs["network"].put(f"igroups.{instance_id}",
                                            msgspec.json.encode(group_ids))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("network", exc) from None
         self.instance_groups[instance_id] = list(group_ids)
 
@@ -287,7 +304,7 @@ class NetworkStore:
                                                 msgspec.json.encode(pair))
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("key pair", exc) from None
         self._key_pairs[(owner, pair.key_name)] = pair
         return True
@@ -300,7 +317,7 @@ class NetworkStore:
             key = key.removeprefix(f"{owner}.")
         try:
             await self._kvs["key_pairs"].delete(key)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable("key pair", exc) from None
         self._key_pairs.pop((owner, pair.key_name), None)
 
@@ -308,7 +325,7 @@ class NetworkStore:
 
     async def allocate(self, subnet: Subnet, launch_id: str, wanted: str = "") -> str:
         """Claim an address of ``subnet`` for ``launch_id``: ``wanted`` or the lowest
-        free one. A lost race for the lowest moves on to the next."""
+        free one (from this process's `stripe` on). A lost race moves on to the next."""
         if wanted and not usable(subnet, wanted):
             raise InvalidParameterValue(
                 f"Address {wanted} is not in the usable range of {subnet.subnet_id} "
@@ -320,7 +337,8 @@ class NetworkStore:
         tried: set[int] = set()
         claim = msgspec.json.encode(AddressClaim(launch_id, time.time()))
         for _ in range(_ADDRESS_RETRIES):
-            ip = wanted or first_free(subnet, taken.keys() | tried | pending)
+            ip = wanted or first_free(subnet, _AnyOf(taken.keys(), tried, pending),
+                                      stripe=self.stripe)
             if ip is None:
                 raise InsufficientFreeAddressesInSubnet(
                     f"There are not enough free addresses in subnet '{subnet.subnet_id}' "
@@ -337,7 +355,7 @@ class NetworkStore:
                     raise InvalidIPAddressInUse(f"Address {ip} is in use.") from None
                 tried.add(n)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise _unavailable("address", exc) from None
             finally:
                 pending.discard(n)
@@ -364,7 +382,7 @@ class NetworkStore:
                 return  # another gateway (or worker of this one) released it first
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
         self._addresses.get(subnet_id, {}).pop(n, None)
@@ -381,7 +399,7 @@ class NetworkStore:
     async def _forget_groups(self, instance_id: str) -> None:
         try:
             await self._kvs["network"].delete(f"igroups.{instance_id}")
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not drop the groups of %s: %r", instance_id, exc)
 
     async def sweep(self, records: Iterable[InstanceRecord], now: float) -> int:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
 from roost.bus import subjects
+from roost.bus.failures import UNREACHABLE
 from roost.bus.schemas import (
     CommandReply,
     DescribeTypesReply,
@@ -38,14 +39,6 @@ from roost.domain import errors
 
 log = logging.getLogger(__name__)
 
-_UNREACHABLE = (
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.ConnectionDrainingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-    nats.errors.NoServersError,
-)
 
 
 class NoResponders(Exception):
@@ -60,23 +53,9 @@ class BadReply(Exception):
     """A reply that does not decode as the contract says."""
 
 
-def _all_errors() -> dict[str, type[errors.RoostError]]:
-    found: dict[str, type[errors.RoostError]] = {}
-    todo: list[type[errors.RoostError]] = [errors.RoostError]
-    while todo:
-        cls = todo.pop()
-        found.setdefault(cls.code, cls)
-        todo.extend(cls.__subclasses__())
-    return found
-
-
-_BY_CODE: Mapping[str, type[errors.RoostError]] = _all_errors()
-
-
 def error_for_code(code: str, message: str) -> errors.RoostError:
     """The gateway error for an EC2 code a node sent back; unknown codes are internal."""
-    cls = _BY_CODE.get(code, errors.InternalError)
-    return cls(message or code)
+    return errors.from_code(code, message)
 
 
 class NodeClient:
@@ -103,7 +82,7 @@ class NodeClient:
         except nats.errors.TimeoutError:
             self._check()  # a timeout while disconnected is the bus's fault, not the node's
             raise NodeTimeout(subject) from None
-        except _UNREACHABLE:
+        except UNREACHABLE:
             raise errors.ServiceUnavailable("The message bus (NATS) is unreachable.") from None
         try:
             return decode(reply.data, kind)
@@ -170,11 +149,11 @@ class NodeClient:
                     replies.append(decode(msg.data, kind))
                 except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
                     log.warning("undecodable reply to %s on %s", subject, inbox)
-        except _UNREACHABLE:
+        except UNREACHABLE:
             raise errors.ServiceUnavailable("The message bus (NATS) is unreachable.") from None
         finally:
             try:
                 await sub.unsubscribe()
-            except _UNREACHABLE:
+            except UNREACHABLE:
                 pass
         return replies

@@ -77,6 +77,8 @@ class GatewayConfig:
     (`roost.gateway.workers`)."""
     nats_auth: NatsAuth | None = None
     """The gateway's NATS user (`roost.bus.auth`); None connects anonymously."""
+    address_stripe: tuple[int, int] = (0, 1)
+    """Worker i of n looks for free private addresses from i/n into each subnet."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -117,8 +119,8 @@ class Gateway:
         self.keys = KeyBook(config.credentials, operator_key=config.operator_key,
                             default_account=config.owner_id)
         self._images: ImageStore | None = None
-        self._quotas: QuotaBook | None = None
         self._volumes: VolumeStore | None = None
+        self._quotas: QuotaBook | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -165,7 +167,7 @@ class Gateway:
 
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
-                                               zones=zones)
+                                               zones=zones, stripe=cfg.address_stripe)
         self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
         volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
         self._volumes = volumes

@@ -24,6 +24,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import BucketMirror
+from roost.bus.failures import BUS_DOWN
 from roost.domain.errors import (
     MissingParameter,
     ServiceUnavailable,
@@ -161,14 +162,14 @@ class TemplateStore(BucketMirror):
         except nats.js.errors.KeyWrongLastSequenceError:
             raise TemplateNameExists(
                 f"Launch template name already in use: {name}") from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         at = now()
         template = LaunchTemplate(tid, name, at, f"arn:aws:iam::{owner}:root", 1, 1,
                                   [TemplateVersion(1, data, description, at)], tags)
         try:
             rev = await self._kv.create(tid, msgspec.json.encode(template))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             await self._forget_name(owner, name)
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         self._templates[tid] = (rev, template)
@@ -187,7 +188,7 @@ class TemplateStore(BucketMirror):
             except nats.js.errors.KeyWrongLastSequenceError:
                 await self._reload(template_id)
                 continue
-            except (TimeoutError, nats.errors.Error) as exc:
+            except BUS_DOWN as exc:
                 raise ServiceUnavailable(
                     f"The template store is unreachable: {exc!r}") from None
             self._templates[template_id] = (rev, updated)
@@ -197,7 +198,7 @@ class TemplateStore(BucketMirror):
     async def delete(self, template: LaunchTemplate) -> None:
         try:
             await self._kv.delete(template.template_id)
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         self._templates.pop(template.template_id, None)
         await self._forget_name(owner_of(template), template.name)
@@ -205,7 +206,7 @@ class TemplateStore(BucketMirror):
     async def _forget_name(self, owner: str, name: str) -> None:
         try:
             await self._kv.delete(_name_key(owner, name))
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             log.warning("could not release launch template name %s: %r", name, exc)
 
     async def _reload(self, template_id: str) -> None:

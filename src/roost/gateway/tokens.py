@@ -49,6 +49,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
 from roost.domain.errors import IdempotentParameterMismatch, ServiceUnavailable
 
@@ -96,8 +97,8 @@ def token_key(owner_id: str, token: str) -> str:
 
 _V = TypeVar("_V")
 _Step = Callable[[], Awaitable[object]]
-_KV_DOWN = (nats.errors.Error, asyncio.TimeoutError)
-_MISSING = (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError)
+_MISSING: tuple[type[BaseException], ...] = (nats.js.errors.KeyNotFoundError,
+                                            nats.js.errors.KeyDeletedError)
 _WRONG_REVISION = nats.js.errors.KeyWrongLastSequenceError
 
 
@@ -165,7 +166,7 @@ class TokenStore:
             return Claim(key, rid, rev, claimant=claimant, entry=entry)
         except _WRONG_REVISION:
             pass
-        except _KV_DOWN as exc:
+        except BUS_DOWN as exc:
             # The create may still land (a reconnecting client sends what it buffered):
             # a claim nobody works on, which the next repeat here takes over at once.
             self._remember(self._abandoned, key, claimant)
@@ -175,7 +176,7 @@ class TokenStore:
             found = await self._kv.get(key)
         except _MISSING:
             raise _Pending from None  # deleted between create and get: go round again
-        except _KV_DOWN as exc:
+        except BUS_DOWN as exc:
             self._outage()
             raise ServiceUnavailable(f"The idempotency store is unreachable: {exc!r}") from None
         cur = msgspec.json.decode(found.value or b"", type=TokenEntry)
@@ -195,7 +196,7 @@ class TokenStore:
             new_rev = await self._kv.update(key, msgspec.json.encode(taken), last=rev)
         except _WRONG_REVISION:
             raise _Pending from None  # renewed, finished or taken by another meanwhile
-        except _KV_DOWN as exc:
+        except BUS_DOWN as exc:
             self._remember(self._abandoned, key, claimant)  # it may have landed
             raise ServiceUnavailable(f"The idempotency store is unreachable: {exc!r}") from None
         self._forget(key)
@@ -273,7 +274,7 @@ class TokenStore:
                 log.warning("ClientToken claim for reservation %s was taken over",
                             claim.reservation_id)
                 return
-            except _KV_DOWN as exc:
+            except BUS_DOWN as exc:
                 self._outage()
                 log.info("could not renew ClientToken claim %s: %r", claim.reservation_id, exc)
                 continue
@@ -285,7 +286,7 @@ class TokenStore:
         after all. If the entry still names this claim pending, go on from its revision."""
         try:
             found = await self._kv.get(claim.key)
-        except (*_MISSING, *_KV_DOWN):
+        except (*_MISSING, *BUS_DOWN):
             return False
         cur = msgspec.json.decode(found.value or b"", type=TokenEntry)
         if cur.state == "pending" and cur.claimant == claim.claimant:
@@ -307,7 +308,7 @@ class TokenStore:
             await self._kv.get(token_key(owner_id, token))
         except _MISSING:
             return False
-        except _KV_DOWN:
+        except BUS_DOWN:
             return True
         return True
 
@@ -351,7 +352,7 @@ class TokenStore:
             log.warning("ClientToken claim for reservation %s was taken over; its new "
                         "owner will %s it", claim.reservation_id, what)
             return
-        except _KV_DOWN as exc:
+        except BUS_DOWN as exc:
             log.error("could not %s ClientToken claim %s: %r; retrying in the background",
                       what, claim.reservation_id, exc)
             self._remember(self._abandoned, claim.key, claim.claimant)
@@ -373,7 +374,7 @@ class TokenStore:
                 if await self._still_ours(claim):
                     continue
                 return  # done after all, or taken over elsewhere
-            except _KV_DOWN:
+            except BUS_DOWN:
                 continue
             self._forget(claim.key)
             log.info("ClientToken claim %s: %s done after the outage", claim.reservation_id,

@@ -22,6 +22,7 @@ import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
 from roost.domain.errors import ServiceUnavailable
 from roost.domain.volumes import (
@@ -98,8 +99,8 @@ class VolumeStore:
         return out
 
     def all(self) -> dict[str, Volume]:
-        """The caller's volumes (`roost.gateway.tenancy`): derived from the instances it
-        sees, and the stored ones of its account."""
+        """Every volume the caller may see (`roost.gateway.tenancy`): derived ones come
+        from the instances it sees, stored ones carry their owner."""
         out = self.derived()
         out.update({vid: v for vid, (_, v) in self._stored.items()
                     if not v.deleted and visible(v.owner_id)})
@@ -108,7 +109,8 @@ class VolumeStore:
     def find(self, volume_id: str) -> Volume | None:
         stored = self._stored.get(volume_id)
         if stored is not None:
-            return None if stored[1].deleted or not visible(stored[1].owner_id) else stored[1]
+            vol = stored[1]
+            return None if vol.deleted or not visible(vol.owner_id) else vol
         return self.derived().get(volume_id)
 
     def attached(self, rec: InstanceRecord) -> list[Volume]:
@@ -143,7 +145,7 @@ class VolumeStore:
         except nats.js.errors.KeyWrongLastSequenceError:
             raise ServiceUnavailable(
                 f"The volume '{vol.volume_id}' changed meanwhile; retry.") from None
-        except (TimeoutError, nats.errors.Error) as exc:
+        except BUS_DOWN as exc:
             raise _unavailable(exc) from None
         self._stored[vol.volume_id] = (rev, vol)
         return vol

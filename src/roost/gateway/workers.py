@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 READY = b"ready\n"
+ORPHAN_GRACE = 15.0
+"""Seconds a worker whose pool is gone drains before it exits regardless."""
 
 
 def default_workers() -> int:
@@ -138,7 +140,8 @@ class GatewayPool:
 
     def _popen(self, w: _Worker) -> subprocess.Popen[bytes]:
         assert self._metrics_dir is not None
-        cfg = replace(self.config, port=self.port, reuse_port=True)
+        cfg = replace(self.config, port=self.port, reuse_port=True,
+                      address_stripe=(w.index, len(self._workers)))
         env = {**os.environ, MULTIPROC_ENV: str(self._metrics_dir)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "roost.gateway.workers", str(w.index),
@@ -255,6 +258,10 @@ def _worker_main(index: int, level: str) -> None:
         while os.read(0, 4096):  # until the pool closes the pipe, or dies
             pass
         os.kill(os.getpid(), signal.SIGTERM)
+        # A pool killed outright waits for nobody: bound the drain (a stop can hang on
+        # a NATS that went away with the pool).
+        time.sleep(ORPHAN_GRACE)
+        os._exit(1)
 
     threading.Thread(target=orphaned, daemon=True, name="pool-watch").start()
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s gw{index} "

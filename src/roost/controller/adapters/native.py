@@ -101,6 +101,7 @@ from roost.controller.orchestrator import (
     check_replicas,
 )
 from roost.domain.catalog import BUILTIN
+from roost.domain.errors import InsufficientInstanceCapacity, InvalidParameterValue, from_code
 from roost.domain.images import DEFAULT_IMAGE_ID
 
 log = logging.getLogger(__name__)
@@ -446,11 +447,12 @@ def _mapped(action: str, exc: ClientError) -> OrchestratorError:
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
     text = f"{action}: {code}: {error.get('Message', '')}"
-    if code == "InsufficientInstanceCapacity":
+    answer = from_code(code, text)  # roost's own tree says what the code means
+    if isinstance(answer, InsufficientInstanceCapacity):
         return ScaleRejected(text)  # the cluster answered: full; the plan retries later
-    if code == "InvalidParameterValue" and action == "RunInstances":
+    if isinstance(answer, InvalidParameterValue) and action == "RunInstances":
         return UnknownPool(text)  # an instance type the gateway does not know
-    if status >= 500 or code in ("RequestLimitExceeded", "Throttling", "ServiceUnavailable"):
+    if answer.transient or status >= 500:
         return OrchestratorUnavailable(text)
     return ScaleRejected(text) if action in ("RunInstances", "TerminateInstances") else (
         OrchestratorError(text))

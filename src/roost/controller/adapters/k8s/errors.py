@@ -23,13 +23,13 @@ from roost.controller.orchestrator import (
 class ScaleConflict(OrchestratorError):
     """The Deployment changed between our read and our write (HTTP 409)."""
 
-    temporary = True
+    kind = "transient"
 
 
 class UnsafeScaleDown(ScaleRejected):
     """Removing a replica now could remove another pod than the drained one."""
 
-    temporary = True
+    kind = "transient"
 
 
 def fail(exc: Exception, what: str, missing: type[OrchestratorError]) -> NoReturn:

@@ -1,0 +1,30 @@
+"""`first_free`: lowest-first by default; a stripe starts further in and wraps around."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from roost.domain.network import Subnet, first_free
+
+
+def _subnet(cidr: str = "10.0.0.0/28") -> Subnet:
+    return Subnet("subnet-1", "vpc-1", cidr, "roost-1a", "000000000000")
+
+
+def _n(ip: str) -> int:
+    return int(ipaddress.IPv4Address(ip))
+
+
+def test_lowest_first_skips_the_reserved_and_the_used() -> None:
+    assert first_free(_subnet(), set()) == "10.0.0.4"
+    assert first_free(_subnet(), {_n("10.0.0.4"), _n("10.0.0.5")}) == "10.0.0.6"
+
+
+def test_stripes_start_apart_and_wrap_around() -> None:
+    # /28: usable .4 .. .14 (the broadcast .15 is reserved); two stripes start 5 apart.
+    assert first_free(_subnet(), set(), stripe=(0, 2)) == "10.0.0.4"
+    assert first_free(_subnet(), set(), stripe=(1, 2)) == "10.0.0.9"
+    upper = {_n(f"10.0.0.{k}") for k in range(9, 15)}
+    assert first_free(_subnet(), upper, stripe=(1, 2)) == "10.0.0.4"  # wrapped
+    everything = {_n(f"10.0.0.{k}") for k in range(4, 15)}
+    assert first_free(_subnet(), everything, stripe=(1, 2)) is None
