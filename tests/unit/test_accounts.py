@@ -21,6 +21,7 @@ from roost.domain.accounts import (
 from roost.domain.catalog import BUILTIN
 from roost.domain.errors import InstanceLimitExceeded, VcpuLimitExceeded
 from roost.gateway.accounts import KeyBook, load_operator_key, new_operator_key, seal, unseal
+from roost.gateway.quotas import QuotaBook
 from roost.gateway.tenancy import Caller
 
 
@@ -91,3 +92,16 @@ def test_the_key_book_opens_sealed_keys_and_ends_them_on_time() -> None:
     assert book.get("AKIAOLD") is None
     assert book.get("AKIABAD") is None  # sealed under another operator key
     assert book.caller("AKIASTATIC") == Caller("000000000000", admin=True)
+
+
+def test_usage_is_pruned_of_what_is_surely_over() -> None:
+    """Terminated instances and those whose record expired go; one just launched
+    through another gateway (not yet mirrored) stays."""
+    states = {"i-term": "terminated", "i-run": "running", "i-stop": "stopped"}
+    book = QuotaBook(None, None, states.get)  # type: ignore[arg-type]  # pruning only
+    now = 10_000.0
+    usage = Usage(instances={
+        "i-term": Held("standard", 2, 0, 1, at=now - 5), "i-run": Held("standard", 2, 0, 1),
+        "i-stop": Held("standard", 2, 0, 1), "i-new": Held("standard", 2, 0, 1, at=now - 5),
+        "i-expired": Held("standard", 2, 0, 1, at=now - HOLD_TTL - 1)})
+    assert set(book._pruned(usage, now).instances) == {"i-run", "i-stop", "i-new"}

@@ -113,10 +113,11 @@ class InstanceIndex:
         rec = self._records.get(instance_id)
         return None if rec is None or not visible(rec.owner_id) else self._merged(rec)
 
-    def ended(self, instance_id: str) -> bool:
-        """Whether the mirror holds ``instance_id`` as terminated, whoever asks."""
+    def state_of(self, instance_id: str) -> str | None:
+        """The state the mirror holds for ``instance_id``, whoever asks; None if it
+        holds no record (not yet mirrored, or expired)."""
         rec = self._records.get(instance_id)
-        return rec is not None and rec.state == "terminated"
+        return None if rec is None else rec.state
 
     async def require(self, ids: Iterable[str]) -> list[InstanceRecord]:
         """Records for ``ids``, fetching misses from the bucket; NotFound names them all."""

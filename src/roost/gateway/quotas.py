@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from roost.bus.schemas import InstanceRecord
-from roost.domain.accounts import DEFAULT_ACCOUNT, Held, Usage, check
+from roost.domain.accounts import DEFAULT_ACCOUNT, HOLD_TTL, Held, Usage, check
 from roost.domain.errors import InstanceLimitExceeded, ServiceUnavailable, VcpuLimitExceeded
 from roost.gateway.accounts import AccountStore, KeyBook
 
@@ -25,11 +25,11 @@ class QuotaBook:
     its hold becomes one entry per instance, given back when the instance ends."""
 
     def __init__(self, store: AccountStore, keys: KeyBook,
-                 ended: Callable[[str], bool]) -> None:
+                 state_of: Callable[[str], str | None]) -> None:
         self.store = store
         self.keys = keys
-        self._ended = ended
-        """Whether the mirror knows an instance as terminated (its entry may go)."""
+        self._state_of = state_of
+        """The mirror's state of an instance, None without a record."""
         self._chores: set[asyncio.Task[None]] = set()
 
     def counts(self, account_id: str) -> bool:
@@ -83,7 +83,15 @@ class QuotaBook:
         await self.store.change_usage(account_id, edit)
 
     def _pruned(self, usage: Usage, now: float) -> Usage:
-        return Usage({i: h for i, h in usage.instances.items() if not self._ended(i)},
+        """Usage without what is surely over: instances the mirror holds as terminated
+        (a release that no gateway saw through), instances whose record has expired
+        (none for `HOLD_TTL` after their launch), and lapsed holds. An instance not yet
+        mirrored (just launched through another gateway) is kept."""
+        def over(iid: str, held: Held) -> bool:
+            state = self._state_of(iid)
+            return state == "terminated" or (state is None and now - held.at > HOLD_TTL)
+
+        return Usage({i: h for i, h in usage.instances.items() if not over(i, h)},
                      usage.live_holds(now))
 
     async def settle(self, account_id: str, hold_id: str, held: Mapping[str, Held]) -> None:

@@ -168,7 +168,7 @@ class Gateway:
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones, stripe=cfg.address_stripe)
-        self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
+        self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.state_of)
         volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
         self._volumes = volumes
         index.on_gone = _each(network.instance_gone, volumes.instance_gone,
