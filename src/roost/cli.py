@@ -51,8 +51,16 @@ BENCHMARKS = {
                          "InsufficientInstanceCapacity latency."),
     "placement": BenchEntry("roost.bench.placement", "placement_command",
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "scale": BenchEntry("roost.bench.scale", "scale",
+                        "Hundreds of sim nodes and ~100,000 live instances from the Azure VM "
+                        "trace: launch rate and latency, retries, false capacity errors, "
+                        "gateway memory, mirror lag and DescribeInstances, with 1 and 4 "
+                        "gateway processes, on a 3-server NATS cluster."),
     "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
                           "Boot time to user data and QEMU's memory overhead per micro-VM."),
+    "wake": BenchEntry("roost.bench.wake", "wake",
+                       "Scale-from-zero latency: first task submitted to started and to done, "
+                       "through the real controller, gateway, node and worker process."),
     "vm-trace": BenchEntry("roost.bench.vm_trace", "vm_trace_command",
                            "VM placement with departures: fewest hosts for zero rejections on "
                            "Azure V1."),
@@ -108,17 +116,19 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
-    from roost.controller.cli import controller, db, pools
+    from roost.bus.options import nats_auth_command
+    from roost.controller.cli import api_tokens, controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
+    from roost.gateway.accounts_cli import accounts, keys
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
     from roost.node.vm.cli import images
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, dashboard, node, images, gateway, status, controller, pools, db,
-                worker, bench):
+    for cmd in (up, demo, dashboard, node, images, gateway, status, accounts, keys,
+                controller, pools, api_tokens, db, nats_auth_command, worker, bench):
         main.add_command(cmd)
 
 

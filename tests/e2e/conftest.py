@@ -46,7 +46,7 @@ async def _cancel_the_rest() -> None:
 class ThreadedCluster:
     def __init__(self, spec: ClusterSpec, node_capacities: Sequence[str] = (), *,
                  catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
-                 nats_urls: Sequence[str] = ()) -> None:
+                 nats_urls: Sequence[str] = (), operator_key: bytes | None = None) -> None:
         """``nats_urls``: a NATS (cluster) started elsewhere, instead of a server of its
         own; each node starts on a different one of them."""
         self.key, self.secret = next(iter(spec.credentials.items()))
@@ -66,7 +66,7 @@ class ThreadedCluster:
         ])
         gateway = GatewayComponent(GatewayConfig(
             nats_urls=urls, port=0, region=spec.region, credentials=spec.credentials,
-            auth=spec.auth, policy=spec.policy, launch_timeout=5.0,
+            auth=spec.auth, policy=spec.policy, launch_timeout=5.0, operator_key=operator_key,
         ))
         self.nats = nats
         self.cluster = LocalCluster([gateway, nodes] if nats_urls else [nats, gateway, nodes])
@@ -124,12 +124,13 @@ class ThreadedCluster:
 def make_cluster(tmp: Path, *, nodes: int = 3, capacity: str = "8vcpu,32GiB",
                  capacities: Sequence[str] = (), driver: str = "sim",
                  catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
-                 nats_urls: Sequence[str] = (), **kw: Any) -> ThreadedCluster:
+                 nats_urls: Sequence[str] = (), operator_key: bytes | None = None,
+                 **kw: Any) -> ThreadedCluster:
     key, secret = new_credentials()
     spec = ClusterSpec(data_dir=tmp, nodes=nodes, driver=driver, node_capacity=capacity,
                        heartbeat_seconds=0.5, port=0, credentials={key: secret}, **kw)
     cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation,
-                              nats_urls=nats_urls).start()
+                              nats_urls=nats_urls, operator_key=operator_key).start()
     cluster.wait_nodes(len(capacities) or nodes)
     return cluster
 

@@ -33,6 +33,7 @@ from botocore.credentials import Credentials
 
 from roost.bench.launch import Connection, Signer, machine, run_level, up_process
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 
 DESCRIBE = "Action=DescribeInstances&Version=2016-11-15"
 
@@ -98,7 +99,8 @@ def rss_mib(pid: int) -> float | None:
 
 
 async def bucket_kib(nats_url: str) -> dict[str, float | None]:
-    nc = await nats.connect(nats_url, connect_timeout=5)
+    auth = NatsAuth.from_env()  # roost up's admin user, as `up_process` sets it
+    nc = await nats.connect(nats_url, connect_timeout=5, **(auth.options() if auth else {}))
     try:
         js = nc.jetstream()
         out: dict[str, float | None] = {}
@@ -165,7 +167,7 @@ def churn_command(pairs: int, concurrency: int, chunk: int, nodes: int, node_cap
                   instance_type: str, region: str, json_out: str | None) -> None:
     """Launch/terminate pairs by the thousand against `roost up`: throughput, memory and
     bucket sizes per chunk, and capacity restored exactly at the end."""
-    with up_process(nodes=nodes, node_capacity=node_capacity) as up:
+    with up_process(nodes=nodes, node_capacity=node_capacity, gateway_workers=0) as up:
         signer = Signer(up.endpoint, up.key, up.secret, region)
 
         async def probe() -> dict[str, float | None]:

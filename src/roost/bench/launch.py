@@ -35,8 +35,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from roost.bus.auth import ENV as ENV_NATS_CREDS
+from roost.bus.auth import NatsAuth
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 
@@ -59,6 +61,10 @@ FLOOR_SUBJECT = "roost.bench.floor"
 # Targets from the benchmarks issue.
 TARGET_MOTO_RATIO = 3.0
 TARGET_ICE_P99_MS = 5.0
+# Targets from the scale-out issue (launches/s at concurrency 64).
+TARGET_ONE_PROCESS = 1500.0
+TARGET_TWO_OVER_ONE = 1.4
+TARGET_ROOST_UP = 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +317,8 @@ async def floor_level(nats_url: str, *, concurrency: int, pairs: int) -> Level:
     """Two nats-py request-replies per pair against the trivial responder."""
     import nats
 
-    nc = await nats.connect(nats_url)
+    auth = NatsAuth.from_env()  # roost up's admin user, as `local_cluster` sets it
+    nc = await nats.connect(nats_url, **(auth.options() if auth else {}))
     firsts: list[float] = []
     seconds: list[float] = []
     errors = 0
@@ -351,6 +358,11 @@ async def bench(signer: Signer, *, levels: Sequence[int], pairs: int, itype: str
     return out
 
 
+def roost_name(workers: int) -> str:
+    """The report's key for roost with ``workers`` gateway processes."""
+    return f"roost_w{workers}"
+
+
 @dataclass(frozen=True, slots=True)
 class Peers:
     moto: Signer | None
@@ -361,21 +373,39 @@ class Peers:
     ice_requests: int
 
 
-async def bench_all(signer: Signer, peers: Peers, *, levels: Sequence[int], pairs: int,
-                    itype: str, warmup: int) -> dict[str, Any]:
-    """Roost, moto, the NATS floor and ICE, level by level (side by side)."""
-    await run_level(signer, concurrency=1, pairs=warmup, itype=itype)
+async def bench_all(roosts: Mapping[str, Signer], peers: Peers, *, levels: Sequence[int],
+                    pairs: int, itype: str, warmup: int) -> dict[str, Any]:
+    """Each roost cluster (by name), moto, the NATS floor and ICE, level by level (side
+    by side). The first cluster is also reported as "roost", and takes the ICE load."""
+    for signer in roosts.values():
+        await run_level(signer, concurrency=1, pairs=warmup, itype=itype)
     if peers.moto is not None:
         await run_level(peers.moto, concurrency=1, pairs=warmup, itype=itype)
     if peers.nats_url:
         await floor_level(peers.nats_url, concurrency=1, pairs=warmup)
     out: dict[str, list[dict[str, Any]]] = {"roost": [], "moto": [], "nats_floor": [],
-                                            "ice": []}
+                                            "ice": [], **{name: [] for name in roosts}}
+    first = next(iter(roosts))
     for c in levels:
         n = max(pairs, c * 4)
-        lv = await run_level(signer, concurrency=c, pairs=n, itype=itype)
-        click.echo(format_level("roost", lv), err=True)
-        out["roost"].append(asdict(lv))
+        for name, signer in roosts.items():
+            root = CLUSTER_PIDS.get(signer.url.rstrip("/"))
+            before = cpu_seconds(root) if root else {}
+            client = time.process_time()
+            lv = await run_level(signer, concurrency=c, pairs=n, itype=itype)
+            click.echo(format_level(name, lv), err=True)
+            row = asdict(lv)
+            if root and lv.pairs:
+                after = cpu_seconds(root)
+                after["client"], before["client"] = time.process_time(), client
+                row["cpu_ms_per_pair"] = {k: round((after[k] - before[k]) * 1000 / lv.pairs,
+                                                   3) for k in after}
+                click.echo(f"  {name:<5} c={c:>3}: CPU ms per pair {row['cpu_ms_per_pair']}",
+                           err=True)
+            out[name].append(row)
+            if name == first:
+                out["roost"].append(row)
+        signer = roosts[first]
         if peers.moto is not None:
             if peers.moto_url:
                 reset_moto(peers.moto_url)
@@ -396,7 +426,8 @@ async def bench_all(signer: Signer, peers: Peers, *, levels: Sequence[int], pair
 
 
 def verdict(out: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Ratios per level and the issue's targets, judged at the top level."""
+    """Ratios per level and the issue's targets, judged at the top level (and, where
+    the run had them, at 16 and 64 for one and two gateway processes)."""
     ratios = []
     for i, r in enumerate(out["roost"]):
         row: dict[str, Any] = {"concurrency": r["concurrency"]}
@@ -421,7 +452,41 @@ def verdict(out: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 "concurrency": ice["concurrency"], "target": f"<= {TARGET_ICE_P99_MS} ms",
                 "measured_le_ms": ice["server_p99_ms_le"], "share_le_5ms": share,
                 "met": share >= 0.99}
+    targets.update(scale_targets(out))
     return {"ratios": ratios, "targets": targets}
+
+
+def _at(levels: list[dict[str, Any]], concurrency: int) -> float | None:
+    return next((lv["launches_per_second"] for lv in levels
+                 if lv["concurrency"] == concurrency), None)
+
+
+def scale_targets(out: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The scale-out issue's targets, for the gateway-process counts the run had."""
+    targets: dict[str, Any] = {}
+    one, two = out.get(roost_name(1), []), out.get(roost_name(2), [])
+    top = max((lv["concurrency"] for lv in one or two), default=0)
+    got = _at(one, top)
+    if got is not None:
+        targets[f"one_gateway_process_c{top}"] = {
+            "concurrency": top, "target": f">= {TARGET_ONE_PROCESS}/s", "measured": got,
+            "met": got >= TARGET_ONE_PROCESS}
+    for name, levels in ((roost_name(1), one), (roost_name(2), two)):
+        low, high = _at(levels, 16), _at(levels, 64)
+        if low is not None and high is not None:
+            targets[f"{name}_no_fall_16_to_64"] = {
+                "concurrency": 64, "target": ">= the figure at 16", "measured": high,
+                "at_16": low, "met": high >= low}
+    got2 = _at(two, top)
+    if got and got2 is not None:
+        ratio = round(got2 / got, 2)
+        targets[f"two_over_one_process_c{top}"] = {
+            "concurrency": top, "target": f">= {TARGET_TWO_OVER_ONE}x", "measured": ratio,
+            "met": ratio >= TARGET_TWO_OVER_ONE}
+        targets[f"roost_up_c{top}"] = {
+            "concurrency": top, "target": f">= {TARGET_ROOST_UP}/s (roost up's default, "
+            "two gateway processes here)", "measured": got2, "met": got2 >= TARGET_ROOST_UP}
+    return targets
 
 
 def format_level(name: str, level: Level) -> str:
@@ -443,7 +508,8 @@ def format_ice(ice: IceLevel) -> str:
 def format_report(report: dict[str, Any]) -> str:
     lines = ["| concurrency | target | Run p50 / p99 ms | Terminate p50 / p99 ms | pairs/s |",
              "|---|---|---|---|---|"]
-    for name in ("roost", "moto", "nats_floor"):
+    names = [k for k in report if k.startswith("roost_w")] or ["roost"]
+    for name in (*names, "moto", "nats_floor"):
         for lv in report.get(name, []):
             lines.append(f"| {lv['concurrency']} | {name} | {lv['run_p50_ms']} / "
                          f"{lv['run_p99_ms']} | {lv['terminate_p50_ms']} / "
@@ -462,6 +528,8 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"ratios at c={row['concurrency']}: " + ", ".join(bits))
     for name, t in report.get("targets", {}).items():
         got = t.get("measured", t.get("measured_le_ms"))
+        if "at_16" in t:
+            got = f"{got} (at 16: {t['at_16']})"
         if "share_le_5ms" in t:
             got = f"p99 <= {got} ms, {t['share_le_5ms']:.1%} within 5 ms"
         lines.append(f"target {name}: {t['target']}, measured {got} -> "
@@ -494,6 +562,41 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> None:
             proc.wait(10)
 
 
+CLUSTER_PIDS: dict[str, int] = {}
+"""Endpoint -> the pid of the `roost up` serving it, while it runs (for `cpu_seconds`)."""
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> tuple[float, int, str]:
+    """(user+system seconds, parent pid, role) of one process."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    role = ("gateway" if b"roost.gateway.workers" in cmd else
+            "nats" if b"nats-server" in cmd else "other")
+    return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[1]), role
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds used so far by a `roost up` and its children, by role: "gateway"
+    (its gateway worker processes), "nats", and "up" (the nodes, and the gateway too
+    when it runs on up's loop). A worker that was restarted loses its count."""
+    out = {"gateway": 0.0, "nats": 0.0, "up": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cpu, ppid, role = _proc_cpu(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+        if int(entry.name) == root:
+            out["up"] += cpu
+        elif ppid == root and role != "other":
+            out[role] += cpu
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class UpProcess:
     """A `roost up` running as a child process."""
@@ -506,18 +609,21 @@ class UpProcess:
 
 
 @contextmanager
-def local_cluster(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY
-                  ) -> Iterator[tuple[str, str, str, str]]:
-    """`roost up` (sim driver, no controller) in a child process; yields (endpoint, key,
-    secret, nats_url)."""
-    with up_process(nodes=nodes, node_capacity=node_capacity, policy=policy) as up:
+def local_cluster(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
+                  gateway_workers: int = 1) -> Iterator[tuple[str, str, str, str]]:
+    """`roost up` (sim driver, no controller) in a child process, its gateway in
+    ``gateway_workers`` processes of their own (0: on up's loop, beside the nodes);
+    yields (endpoint, key, secret, nats_url)."""
+    with up_process(nodes=nodes, node_capacity=node_capacity, policy=policy,
+                    gateway_workers=gateway_workers) as up:
         yield up.endpoint, up.key, up.secret, up.nats_url
 
 
 @contextmanager
-def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY
-               ) -> Iterator[UpProcess]:
-    """`roost up` (sim driver, no controller) in a child process."""
+def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
+               gateway_workers: int = 1) -> Iterator[UpProcess]:
+    """`roost up` (sim driver, no controller) in a child process, its gateway in
+    ``gateway_workers`` processes of their own (0: on up's loop)."""
     with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
         data = Path(tmp) / "up"
         log = Path(tmp) / "up.log"
@@ -526,14 +632,21 @@ def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY
                 [sys.executable, "-c", "from roost.up.cli import up; up()",
                  "--nodes", str(nodes), "--driver", "sim", "--node-capacity", node_capacity,
                  "--port", "0", "--nats-port", "0", "--no-controller",
-                 "--no-dashboard", "--policy", policy, "--data-dir", str(data)],
+                 "--policy", policy, "--data-dir", str(data), "--no-dashboard",
+                 "--gateway-workers", str(gateway_workers)],
                 stdout=out, stderr=subprocess.STDOUT,
             )
+        env: dict[str, str] = {}
         try:
             env = _wait_for_env(proc, data / "env", log)
+            CLUSTER_PIDS[env["AWS_ENDPOINT_URL_EC2"]] = proc.pid
+            # The floor's raw clients authenticate as roost's own components do.
+            if env.get(ENV_NATS_CREDS):
+                os.environ[ENV_NATS_CREDS] = env[ENV_NATS_CREDS]
             yield UpProcess(proc.pid, env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
                             env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
         finally:
+            CLUSTER_PIDS.pop(env.get("AWS_ENDPOINT_URL_EC2", ""), None)
             _stop(proc)
 
 
@@ -542,7 +655,7 @@ def _nats_url(log: Path) -> str:
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
             if line.strip().startswith("NATS ") and "nats://" in line:
-                return line.split()[-1]
+                return line.split()[1]  # "NATS  nats://...  (what guards it)"
         time.sleep(0.05)
     return ""
 
@@ -594,9 +707,11 @@ def moto_server() -> Iterator[str]:
 RESPONDER = """
 import asyncio, sys
 import nats
+from roost.bus.auth import NatsAuth
 
 async def main(url, subject):
-    nc = await nats.connect(url)
+    auth = NatsAuth.from_env()
+    nc = await nats.connect(url, **(auth.options() if auth else {}))
     async def reply(msg):
         await msg.respond(msg.data)
     await nc.subscribe(subject, cb=reply)
@@ -647,6 +762,10 @@ def machine() -> dict[str, Any]:
               help="ICE requests per level (at least 4 per worker); 0 skips ICE.")
 @click.option("--policy", type=click.Choice(POLICIES), default=DEFAULT_POLICY,
               show_default=True, help="The gateway's placement policy.")
+@click.option("--gateway-workers", "gateway_workers", multiple=True,
+              type=click.IntRange(min=0), default=[1, 2], show_default=True,
+              help="Gateway processes of each cluster; repeat to measure several clusters "
+                   "side by side, level by level (0: the gateway on up's own loop).")
 @click.option("--no-moto", is_flag=True, help="Skip moto's server.")
 @click.option("--no-floor", is_flag=True, help="Skip the raw NATS request-reply floor.")
 @click.option("--quick", is_flag=True,
@@ -658,13 +777,14 @@ def machine() -> dict[str, Any]:
 @click.option("--json", "json_out", default=None, metavar="OUT",
               help="Write every figure as JSON to OUT ('-' for stdout).")
 def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str, nodes: int,
-           node_capacity: str, ice_type: str, ice_requests: int, policy: str, no_moto: bool,
-           no_floor: bool, quick: bool, endpoint: str | None, region: str,
-           json_out: str | None) -> None:
+           node_capacity: str, ice_type: str, ice_requests: int, policy: str,
+           gateway_workers: tuple[int, ...], no_moto: bool, no_floor: bool, quick: bool,
+           endpoint: str | None, region: str, json_out: str | None) -> None:
     """RunInstances + TerminateInstances latency (p50/p99) and throughput, beside moto's
     server and a raw NATS floor, plus InsufficientInstanceCapacity latency."""
     if quick:
         levels, pairs, warmup, ice_requests = (1, 8), 16, 2, 16
+    workers = list(dict.fromkeys(gateway_workers))
     report: dict[str, Any] = {"machine": machine(), "instance_type": instance_type,
                               "pairs": pairs, "levels": list(levels)}
     if endpoint:
@@ -678,26 +798,32 @@ def launch(levels: tuple[int, ...], pairs: int, warmup: int, instance_type: str,
         report["roost"] = [asdict(r) for r in results]
     else:
         report["policy"] = policy
-        click.echo(f"starting roost up: {nodes} sim nodes of {node_capacity}, "
-                   f"policy {policy}", err=True)
-        with local_cluster(nodes=nodes, node_capacity=node_capacity,
-                           policy=policy) as (ep, key, secret, nats_url):
-            with _maybe(moto_server, not no_moto) as moto_url, \
-                    _maybe(lambda: nats_responder(nats_url), not no_floor and bool(nats_url)):
-                peers = Peers(
-                    moto=Signer(moto_url, "testing", "testing", MOTO_REGION)
-                    if moto_url else None,
-                    moto_url=moto_url,
-                    nats_url=None if no_floor else nats_url or None,
-                    metrics_url=ep.rstrip("/") + "/metrics",
-                    ice_type=ice_type, ice_requests=ice_requests,
-                )
-                click.echo(f"benchmarking {ep} ({instance_type}, {pairs} pairs per level)"
-                           f"{'' if peers.moto is None else ', moto at ' + str(moto_url)}"
-                           f"{'' if not peers.nats_url else ', NATS floor'}", err=True)
-                report.update(asyncio.run(bench_all(
-                    Signer(ep, key, secret, region), peers, levels=levels, pairs=pairs,
-                    itype=instance_type, warmup=warmup)))
+        report["gateway_workers"] = workers
+        click.echo(f"starting {len(workers)} x roost up: {nodes} sim nodes of "
+                   f"{node_capacity}, policy {policy}, gateway processes "
+                   f"{', '.join(map(str, workers))}", err=True)
+        with ExitStack() as stack:
+            clusters = {roost_name(w): stack.enter_context(local_cluster(
+                nodes=nodes, node_capacity=node_capacity, policy=policy, gateway_workers=w))
+                for w in workers}
+            ep, _, _, nats_url = next(iter(clusters.values()))
+            moto_url = stack.enter_context(_maybe(moto_server, not no_moto))
+            stack.enter_context(_maybe(lambda: nats_responder(nats_url),
+                                       not no_floor and bool(nats_url)))
+            peers = Peers(
+                moto=Signer(moto_url, "testing", "testing", MOTO_REGION) if moto_url else None,
+                moto_url=moto_url,
+                nats_url=None if no_floor else nats_url or None,
+                metrics_url=ep.rstrip("/") + "/metrics",
+                ice_type=ice_type, ice_requests=ice_requests,
+            )
+            click.echo(f"benchmarking {', '.join(c[0] for c in clusters.values())} "
+                       f"({instance_type}, {pairs} pairs per level)"
+                       f"{'' if peers.moto is None else ', moto at ' + str(moto_url)}"
+                       f"{'' if not peers.nats_url else ', NATS floor'}", err=True)
+            roosts = {name: Signer(c[0], c[1], c[2], region) for name, c in clusters.items()}
+            report.update(asyncio.run(bench_all(roosts, peers, levels=levels, pairs=pairs,
+                                                itype=instance_type, warmup=warmup)))
     if json_out == "-":
         click.echo(json.dumps(report, indent=2))
         return

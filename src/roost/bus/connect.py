@@ -13,13 +13,18 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from roost.bus.auth import NatsAuth
+
 log = logging.getLogger(__name__)
 
 
 async def connect(
-    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0
+    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0,
+    auth: NatsAuth | None = None,
 ) -> Client:
-    """A connection that reconnects forever: a node or gateway outlives a NATS restart."""
+    """A connection that reconnects forever: a node or gateway outlives a NATS restart.
+    ``auth`` carries the user's credentials and TLS (`roost.bus.auth`); without it the
+    connection is anonymous, which a server with users configured refuses."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
@@ -32,6 +37,7 @@ async def connect(
         reconnect_time_wait=0.5,
         error_cb=on_error,
         allow_reconnect=True,
+        **(auth.options() if auth is not None else {}),
     )
 
 
@@ -144,3 +150,30 @@ async def _deliver_until(watcher: KeyValue.KeyWatcher,
     if failed is not None:
         raise failed
     return recreated.is_set()
+
+
+class BucketMirror:
+    """A mirror of one bucket: `follow_bucket` as a background task that the mirror
+    starts, waits on until the bucket's contents are in, and stops. Subclasses take each
+    entry in `_on_entry`."""
+
+    def __init__(self, kv: KeyValue, what: str) -> None:
+        self._kv, self._what = kv, what
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _on_entry(self, entry: KeyValue.Entry) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            follow_bucket(self._kv, self._what, on_entry=self._on_entry,
+                          synced=self._synced), name=f"watch-{self._what}")
+
+    async def wait_synced(self, timeout: float) -> None:
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -12,9 +12,16 @@ from typing import Literal, TypeVar
 
 import msgspec
 
+from roost.domain.images import Image
+
 SCHEMA_VERSION = 1
 
-LaunchError = Literal["no_capacity", "draining", "unknown_type", "bad_request", "internal"]
+LaunchError = Literal["no_capacity", "draining", "unknown_type", "bad_request", "internal",
+                      "unsupported", "image_unavailable"]
+"""``unsupported``: this node's driver cannot run the launch (no QEMU, a kernel image
+under the process driver) and will not until its operator acts; ``image_unavailable``:
+the image's files are not on this node. The gateway places the launch elsewhere and does
+not ask this node again for it."""
 CommandOp = Literal["stop", "start", "terminate", "describe", "reboot", "console", "modify"]
 ShutdownBehavior = Literal["stop", "terminate"]
 
@@ -31,6 +38,9 @@ class LaunchRequest(Msg):
     instance_type: str
     image_id: str
     reservation_id: str
+    image: Image | None = None
+    """A registered image (RegisterImage) as the gateway knows it; None for a built-in,
+    which every node knows by id."""
     user_data: str = ""  # decoded text
     tags: dict[str, str] = {}
     availability_zone: str = ""

@@ -41,8 +41,14 @@ address; created by the allocating gateway, deleted (by revision) on release."""
 KEY_PAIRS_BUCKET = "roost_key_pairs"
 """JetStream KV bucket: base32 key name -> key pair (public half only); gateways."""
 LAUNCH_TEMPLATES_BUCKET = "roost_launch_templates"
+ACCOUNTS_BUCKET = "roost_accounts"
+"""Accounts, access keys (secrets sealed with the operator key) and quota usage. Read
+and written by gateways and the operator's CLI only; nodes are denied it."""
 """JetStream KV bucket: ``lt-…`` -> the template with all its versions (compare-and-set),
 ``ltname.<base32 name>`` -> its id (create); written by gateways."""
+IMAGES_BUCKET = "roost_images"
+"""JetStream KV bucket: ``ami-…`` -> a registered image (`roost.domain.images.Image`),
+``aminame.<base32 owner/name>`` -> its id (create); written by gateways."""
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

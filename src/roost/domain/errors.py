@@ -15,6 +15,11 @@ RoostError (permanent unless a class says otherwise)
  │    ├── InvalidInstanceIDMalformed 400  InvalidInstanceID.Malformed
  │    ├── InvalidInstanceIDNotFound  400  InvalidInstanceID.NotFound
  │    ├── InvalidAMIIDNotFound       400  InvalidAMIID.NotFound
+ │    ├── InvalidAMIIDMalformed      400  InvalidAMIID.Malformed
+ │    ├── InvalidAMIIDUnavailable    400  InvalidAMIID.Unavailable: no node can boot it
+ │    ├── InvalidAMINameDuplicate    400  InvalidAMIName.Duplicate
+ │    ├── InvalidAMINameMalformed    400  InvalidAMIName.Malformed
+ │    ├── Unsupported                400  no node's driver can run the launch
  │    ├── InvalidID                  400  a resource id of no kind roost knows
  │    ├── IncorrectInstanceState     400
  │    ├── OperationNotPermitted      400  termination or stop protection
@@ -57,6 +62,8 @@ RoostError (permanent unless a class says otherwise)
  │    ├── InvalidRouteTableIDNotFound 400  InvalidRouteTableID.NotFound
  │    ├── InvalidNetworkAclIDNotFound 400  InvalidNetworkAclID.NotFound
  │    ├── InvalidParameter           400  InvalidParameter
+ │    ├── VcpuLimitExceeded          400  an account's vCPU (or GPU) quota
+ │    ├── InstanceLimitExceeded      400  an account's instance-count quota
  │    ├── AuthFailure                401
  │    ├── RequestExpired             400
  │    └── DryRunOperation            412  (EC2 reports a successful dry run as an error)
@@ -136,6 +143,26 @@ class InvalidInstanceIDNotFound(ClientError):
 
 class InvalidAMIIDNotFound(ClientError):
     code = "InvalidAMIID.NotFound"
+
+
+class InvalidAMIIDMalformed(ClientError):
+    code = "InvalidAMIID.Malformed"
+
+
+class InvalidAMIIDUnavailable(ClientError):
+    code = "InvalidAMIID.Unavailable"
+
+
+class InvalidAMINameDuplicate(ClientError):
+    code = "InvalidAMIName.Duplicate"
+
+
+class InvalidAMINameMalformed(ClientError):
+    code = "InvalidAMIName.Malformed"
+
+
+class Unsupported(ClientError):
+    code = "Unsupported"
 
 
 class InvalidID(ClientError):
@@ -313,6 +340,14 @@ class InvalidNetworkAclIDNotFound(ClientError):
 
 class InvalidParameter(ClientError):
     code = "InvalidParameter"
+
+
+class VcpuLimitExceeded(ClientError):
+    code = "VcpuLimitExceeded"
+
+
+class InstanceLimitExceeded(ClientError):
+    code = "InstanceLimitExceeded"
 
 
 class DryRunOperation(ClientError):

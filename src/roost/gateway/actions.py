@@ -9,6 +9,7 @@ from __future__ import annotations
 from roost.gateway import render
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
+from roost.gateway.imageactions import IMAGE_ACTIONS
 from roost.gateway.ltactions import TEMPLATE_ACTIONS, expand
 from roost.gateway.netactions import NETWORK_ACTIONS
 from roost.gateway.vpcextras import VPC_EXTRA_ACTIONS
@@ -60,11 +61,6 @@ async def describe_availability_zones(c: Call) -> str:
 async def describe_regions(c: Call) -> str:
     regions = c.reads.describe_regions(rq.parse_describe_named(c.params, "RegionName"))
     return render.regions(regions, c.request_id)
-
-
-async def describe_images(c: Call) -> str:
-    images = c.reads.describe_images(rq.parse_describe_named(c.params, "ImageId"))
-    return render.images(images, c.service.site.owner_id, c.request_id)
 
 
 async def create_tags(c: Call) -> str:
@@ -140,7 +136,6 @@ ACTIONS: dict[str, Action] = {
     "DescribeInstanceTypes": describe_instance_types,
     "DescribeAvailabilityZones": describe_availability_zones,
     "DescribeRegions": describe_regions,
-    "DescribeImages": describe_images,
     "CreateTags": create_tags,
     "DeleteTags": delete_tags,
     "DescribeTags": describe_tags,
@@ -154,5 +149,6 @@ ACTIONS: dict[str, Action] = {
     "DescribeAccountAttributes": describe_account_attributes,
     **NETWORK_ACTIONS,
     **TEMPLATE_ACTIONS,
+    **IMAGE_ACTIONS,
     **VPC_EXTRA_ACTIONS,
 }

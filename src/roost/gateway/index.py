@@ -38,6 +38,7 @@ from roost.bus.connect import follow_bucket
 from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
+from roost.gateway.tenancy import visible
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,17 @@ class InstanceIndex:
         return rec
 
     def all(self) -> list[InstanceRecord]:
-        return [self._merged(r) for r in self._records.values()]
+        """The caller's instances (`roost.gateway.tenancy`): every one outside a request."""
+        return [self._merged(r) for r in self._records.values() if visible(r.owner_id)]
 
     def find(self, instance_id: str) -> InstanceRecord | None:
         rec = self._records.get(instance_id)
-        return None if rec is None else self._merged(rec)
+        return None if rec is None or not visible(rec.owner_id) else self._merged(rec)
+
+    def ended(self, instance_id: str) -> bool:
+        """Whether the mirror holds ``instance_id`` as terminated, whoever asks."""
+        rec = self._records.get(instance_id)
+        return rec is not None and rec.state == "terminated"
 
     async def require(self, ids: Iterable[str]) -> list[InstanceRecord]:
         """Records for ``ids``, fetching misses from the bucket; NotFound names them all."""
@@ -134,7 +141,7 @@ class InstanceIndex:
         except _DECODE_ERRORS:
             return None
         self.upsert(rec, from_bucket=True)
-        return self._merged(rec)
+        return self._merged(rec) if visible(rec.owner_id) else None
 
     @property
     def synced(self) -> bool:

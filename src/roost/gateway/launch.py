@@ -12,6 +12,12 @@ node is asked (`CapacityView.says_full`).
 
 A timeout is never read as "no capacity": the node may have launched. The launch id is
 looked up across the nodes first, and only if nobody holds it does placement move on.
+
+A node that cannot run the launch at all (``unsupported``: no QEMU, a kernel image on a
+process node; ``image_unavailable``: the image's files are not there) is not asked
+again for it, and once no node that fits is left unrefused the caller gets the reasons
+at once, not a retry until the deadline: InvalidAMIID.Unavailable when some node lacks
+the image's files (the nodes able to boot it do not have it), Unsupported otherwise.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from roost.decide.workload import Workload, WorkloadWindow
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     InsufficientInstanceCapacity,
+    InvalidAMIIDUnavailable,
     InvalidParameterValue,
     RoostError,
     ServiceUnavailable,
+    Unsupported,
 )
 from roost.gateway.capacity import CapacityView
 from roost.gateway.metrics import GatewayMetrics
@@ -52,6 +60,11 @@ MaxCount of hundreds does not flood the bus."""
 class Attempt:
     node_id: str  # ANYCAST for the per-type queue group
     outcome: str  # "ok", a LaunchError, "timeout", "gone", "no_responders", "bad_reply"
+    message: str = ""  # the node's reason, for a refusal that is not about capacity
+
+
+CANNOT_RUN = ("unsupported", "image_unavailable")
+"""Refusals that hold for the node, not the moment: it is not asked again."""
 
 
 def _launched_at(reply: LaunchReply) -> float | None:
@@ -110,7 +123,10 @@ class Launcher:
     def _settle(self, reply: LaunchReply, attempts: list[Attempt], node_id: str
                 ) -> InstanceRecord | None:
         outcome = "ok" if reply.ok and reply.instance else (reply.error or "internal")
-        attempts.append(Attempt(node_id, outcome))
+        if outcome in CANNOT_RUN:  # the node that said so, also through anycast
+            attempts.append(Attempt(reply.node_id or node_id, outcome, reply.message))
+        else:
+            attempts.append(Attempt(node_id, outcome))
         self._count(outcome, node_id)
         if reply.ok and reply.instance is not None:
             return reply.instance
@@ -151,9 +167,30 @@ class Launcher:
             self._view.settle(hold, launched=reply.ok, launched_at=_launched_at(reply))
             if (rec := self._settle(reply, attempts, node_id)) is not None:
                 return rec
+            self._refuse_if_none_can_run(req, itype, zone, workload, attempts)
         return None
 
-    async def _anycast(self, req: LaunchRequest, attempts: list[Attempt]) -> InstanceRecord:
+    def _refuse_if_none_can_run(self, req: LaunchRequest, itype: InstanceType, zone: str,
+                                workload: Workload | None, attempts: Sequence[Attempt]
+                                ) -> None:
+        """Raise the refusals' answer when every node that fits ``itype`` has said it
+        cannot run the launch (see `CANNOT_RUN`)."""
+        refused = [a for a in attempts if a.outcome in CANNOT_RUN]
+        if not refused:
+            return
+        fitting = {p.node.node_id for p in placements(
+            self._view.nodes(zone), itype, policy=self._policy.policy, rng=self._rng,
+            workload=workload)}
+        if fitting - {a.node_id for a in refused}:
+            return
+        why = "; ".join(dict.fromkeys(a.message for a in refused))
+        if any(a.outcome == "image_unavailable" for a in refused):
+            raise InvalidAMIIDUnavailable(
+                f"No node can boot the image {req.image_id}: {why}")
+        raise Unsupported(f"No node can run {req.image_id} on {itype.name} now: {why}")
+
+    async def _anycast(self, req: LaunchRequest, itype: InstanceType, attempts: list[Attempt]
+                       ) -> InstanceRecord:
         """Anycast until a node launches it or NATS has no responders.
 
         "no capacity" from an anycast node means another launch won the node's last
@@ -178,6 +215,8 @@ class Launcher:
                 continue
             if (rec := self._settle(reply, attempts, ANYCAST)) is not None:
                 return rec
+            self._refuse_if_none_can_run(req, itype, "", self._policy.workload
+                                         or self._workload.current(), attempts)
         raise _no_room(attempts, self._view.silent_with_room(req.instance_type),
                        f"Insufficient capacity for {req.instance_type}: no node can fit it "
                        f"now ({describe_attempts(attempts)}).")
@@ -236,7 +275,7 @@ class Launcher:
             raise _no_room(attempts, self._view.silent_with_room(req.instance_type),
                            f"Insufficient capacity for {req.instance_type} in {zone} "
                            f"({describe_attempts(attempts)}).")
-        return await self._anycast(req, attempts)
+        return await self._anycast(req, itype, attempts)
 
     async def launch_many(
         self, reqs: Sequence[LaunchRequest], itype: InstanceType, *, min_count: int,

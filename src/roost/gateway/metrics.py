@@ -1,12 +1,20 @@
 """The gateway's Prometheus metrics, in a registry of its own.
 
-A registry per gateway (not the process-global default) lets tests and `roost up` run
-several gateways in one process without their series colliding.
+A registry per gateway (not the process-global default) lets tests run several
+gateways in one process without their series colliding.
+
+In a worker of a gateway pool (`roost.gateway.workers`) prometheus-client runs in its
+multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before it was imported): every
+worker writes its values to files in that directory, and `exposition` answers the sum
+over all the workers, whichever of them a scrape reaches.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -39,5 +47,19 @@ class GatewayMetrics:
         )
         self.nodes = Gauge(
             "roost_gateway_nodes", "Nodes in the gateway's capacity view that are live",
-            registry=r,
+            registry=r, multiprocess_mode="mostrecent",
         )
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+    def exposition(self) -> bytes:
+        """The text format of every series: this process's, or in a pool every worker's."""
+        if not self._multiprocess_dir:
+            return generate_latest(self.registry)
+        return generate_latest(merged_registry(self._multiprocess_dir))
+
+
+def merged_registry(path: str) -> CollectorRegistry:
+    """A registry that reads the sum of every process's series from ``path``."""
+    merged = CollectorRegistry()
+    MultiProcessCollector(merged, path=path)  # type: ignore[no-untyped-call]
+    return merged

@@ -10,11 +10,9 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     DryRunOperation,
-    InvalidAMIIDNotFound,
     InvalidInstanceType,
     InvalidParameterValue,
 )
-from roost.domain.images import IMAGES, Image
 from roost.gateway.describe import (
     INSTANCE_FIELDS,
     STATUS_FIELDS,
@@ -48,15 +46,6 @@ REGION_FIELDS: dict[str, Field[tuple[str, str]]] = {
     "region-name": lambda r: [r[0]],
     "endpoint": lambda r: [r[1]],
     "opt-in-status": lambda r: ["opt-in-not-required"],
-}
-IMAGE_FIELDS: dict[str, Field[Image]] = {
-    "image-id": lambda i: [i.image_id],
-    "name": lambda i: [i.name],
-    "state": lambda i: ["available"],
-    "architecture": lambda i: ["x86_64"],
-    "root-device-type": lambda i: ["ebs"],
-    "virtualization-type": lambda i: ["hvm"],
-    "is-public": lambda i: ["true"],
 }
 
 
@@ -198,14 +187,6 @@ class Ec2Reads:
                      for k, v in x.tags.items()]
         return paginate(apply_filters(rows, req.filters, TAG_FIELDS), req.page,
                         key=lambda t: f"{t.resource_id}\0{t.key}")
-
-    def describe_images(self, req: DescribeRequest) -> list[Image]:
-        _check_dry_run(req)
-        missing = [i for i in req.ids if i not in IMAGES]
-        if missing:
-            raise InvalidAMIIDNotFound(f"The image id '[{', '.join(missing)}]' does not exist")
-        chosen = [IMAGES[i] for i in req.ids] if req.ids else list(IMAGES.values())
-        return apply_filters(chosen, req.filters, IMAGE_FIELDS)
 
     async def describe_credit_specifications(self, req: DescribeRequest
                                              ) -> list[InstanceRecord]:

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 
 from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
-from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import private_dns_name
 from roost.gateway.model import (
@@ -323,20 +322,6 @@ def tags(page: Paged[TagRow], request_id: str) -> str:
         + text("key", t.key) + text("value", t.value)
         for t in page.items
     )), text("nextToken", page.next_token))
-
-
-def images(found: Iterable[Image], owner_id: str, request_id: str) -> str:
-    return response("DescribeImages", request_id, items("imagesSet", (
-        text("imageId", i.image_id) + text("imageLocation", f"roost/{i.name}")
-        + text("imageState", "available") + text("imageOwnerId", owner_id)
-        + text("isPublic", True) + text("architecture", "x86_64")
-        + text("imageType", "machine") + text("name", i.name)
-        + text("description", i.description) + text("rootDeviceType", "ebs")
-        + text("rootDeviceName", ROOT_DEVICE) + Fragment("<blockDeviceMapping/>")
-        + text("virtualizationType", "hvm") + text("hypervisor", "xen")
-        + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
-        for i in found
-    )))
 
 
 def ok(action: str, request_id: str) -> str:

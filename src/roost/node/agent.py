@@ -26,6 +26,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus import schemas as s
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect, follow_bucket, key_value
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
@@ -33,7 +34,16 @@ from roost.domain.host import HostCapacity
 from roost.domain.images import IMAGES
 from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
 from roost.node.console import console_tail, trim_console
-from roost.node.drivers import DriverError, Exit, InstanceDriver, SimDriver, StartSpec
+from roost.node.drivers import (
+    DriverError,
+    Exit,
+    InstanceDriver,
+    SimDriver,
+    StartSpec,
+    keep_image,
+    kept_image,
+    launch_refusal,
+)
 from roost.node.handlers import BusHandlers
 from roost.node.isolation import Level, make_isolation
 from roost.node.ledger import Ledger
@@ -69,6 +79,8 @@ class NodeConfig:
     """Loopback port of the metadata service: 0 picks one once and keeps it in the data
     dir; None runs no metadata service."""
     metrics_port: int | None = None
+    nats_auth: NatsAuth | None = None
+    """This node's NATS user (`roost.bus.auth`); None connects anonymously."""
 
     def __post_init__(self) -> None:
         subjects.check_node_id(self.node_id)
@@ -145,7 +157,8 @@ class NodeAgent:
                 InstanceUsageCollector(lambda: self._records, self.driver, self.node_id),
                 port=self.config.metrics_port)
         await self._readopt()
-        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
+        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}",
+                                 auth=self.config.nats_auth)
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
         await self._follow_orders()
         for rec in self._records.values():
@@ -432,7 +445,7 @@ class NodeAgent:
         itype = self.config.catalog.get(req.instance_type)
         if itype is None:
             return refuse("unknown_type", f"unknown instance type {req.instance_type!r}")
-        image = IMAGES.get(req.image_id)
+        image = req.image or IMAGES.get(req.image_id)
         if image is None:
             return refuse("bad_request", f"unknown image {req.image_id!r}")
         instance_id = new_instance_id()
@@ -445,7 +458,9 @@ class NodeAgent:
         except DriverError as exc:
             self.ledger.release(instance_id)
             log.error("node %s: launch %s refused: %s", self.node_id, req.launch_id, exc)
-            return refuse("internal", f"node {self.node_id}: {exc}")
+            return refuse(launch_refusal(exc), f"node {self.node_id}: {exc}")
+        if req.image is not None:  # a registered image: kept for the instance's restarts
+            keep_image(self._workdir(instance_id), req.image)
         now = now_iso()
         rec = s.InstanceRecord(
             instance_id=instance_id, node_id=self.node_id, instance_type=itype.name,
@@ -476,8 +491,10 @@ class NodeAgent:
     def _spec(self, rec: s.InstanceRecord, user_data: str) -> StartSpec:
         env = dict(self.instance_env)
         env.update(ROOST_INSTANCE_ID=rec.instance_id, ROOST_INSTANCE_TYPE=rec.instance_type)
+        workdir = self._workdir(rec.instance_id)
         return StartSpec(rec.instance_id, self.config.catalog[rec.instance_type],
-                         IMAGES[rec.image_id], user_data, self._workdir(rec.instance_id), env)
+                         IMAGES.get(rec.image_id) or kept_image(workdir), user_data, workdir,
+                         env)
 
     def _boot_soon(self, instance_id: str, user_data: str) -> None:
         task = asyncio.create_task(self._boot(instance_id, user_data))

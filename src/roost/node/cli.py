@@ -12,7 +12,9 @@ import click
 
 from roost.bus import schemas as s
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect
+from roost.bus.options import nats_creds_option
 from roost.domain.catalog import BUILTIN, parse_types_toml
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.forget import Forgotten, NodeAlive, forget_node
@@ -162,10 +164,12 @@ def _default_node_id() -> str:
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Env: ROOST_NODE_LOG_LEVEL.",
 )
+@nats_creds_option
 @click.pass_context
 def node(
     ctx: click.Context,
     nats_urls: tuple[str, ...],
+    nats_auth: NatsAuth | None,
     node_id: str,
     data_dir: Path | None,
     capacity: str | None,
@@ -191,6 +195,7 @@ def node(
     """
     ctx.ensure_object(dict)
     ctx.obj["nats"] = _split(nats_urls)
+    ctx.obj["nats_auth"] = nats_auth
     ctx.obj["node_id"] = node_id
     if ctx.invoked_subcommand is not None:
         return
@@ -219,6 +224,7 @@ def node(
         heartbeat_seconds=heartbeat_seconds,
         stop_grace_seconds=stop_grace_seconds,
         terminated_retention_seconds=terminated_retention_seconds,
+        nats_auth=nats_auth,
     )
     asyncio.run(_run(config))
 
@@ -263,7 +269,8 @@ def drain_cmd(ctx: click.Context, keep_running: bool, timeout: float) -> None:
     """Drain the node given by the group's --node-id over NATS."""
 
     async def go() -> s.DrainReply:
-        nc = await connect(ctx.obj["nats"], name="roost-node-drain")
+        nc = await connect(ctx.obj["nats"], name="roost-node-drain",
+                           auth=ctx.obj["nats_auth"])
         try:
             msg = await nc.request(
                 subjects.node_drain(ctx.obj["node_id"]),
@@ -301,7 +308,8 @@ def forget_cmd(ctx: click.Context, node_to_forget: str | None, listen: float) ->
     node_id = node_to_forget or ctx.obj["node_id"]
 
     async def go() -> Forgotten:
-        nc = await connect(ctx.obj["nats"], name="roost-node-forget")
+        nc = await connect(ctx.obj["nats"], name="roost-node-forget",
+                           auth=ctx.obj["nats_auth"])
         try:
             return await forget_node(nc, node_id, listen=listen)
         finally:

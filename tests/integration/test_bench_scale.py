@@ -1,0 +1,59 @@
+"""`roost bench scale --quick` on a generated Azure-format trace: every phase and figure,
+against a 3-server NATS cluster, sim nodes in a process of their own and 1 then 2
+gateway processes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from roost.bench.scale import batches, scale, schedule
+from roost.bench.traces import load_azure
+from roost.bench.vm_sim import flavor_types
+from tests.traces import write_azure_v1
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    write_azure_v1(tmp_path / "data", random.Random(11), bins=200)
+    return tmp_path / "data"
+
+
+def test_the_schedule_keeps_the_rate_and_littles_law(data: Path) -> None:
+    trace = load_azure(data)
+    source = batches(trace, flavor_types(trace))
+    assert sum(len(b.lifetimes) for b in source) == len(trace.arrivals)
+    assert all(a.time <= b.time for a, b in itertools.pairwise(source))
+    sched = schedule(source, rate=50.0, live=1000, seconds=60.0)
+    vms = sum(len(b.lifetimes) for _, b in sched.items)
+    assert 0.5 * 50 * 60 < vms < 1.5 * 50 * 60  # about rate x seconds
+    mean_life = sum(sum(b.lifetimes) for b in source) / len(trace.arrivals)
+    assert sched.life_scale * mean_life * 50.0 == pytest.approx(1000)
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(scale, ["--quick", "--data-dir", str(data),
+                                        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "scale.json").read_text())
+    (step,) = report["steps"]
+    assert step["live_after_fill"] == report["settings"]["live"]
+    for ph in (step["fill"], step["steady"], *step["bursts"]):
+        assert ph["launched"] > 0 and ph["errors"] == {}, ph
+        assert ph["false_ice"] == 0, ph  # a cluster with room never says it is full
+    assert [b["gateway_processes"] for b in step["bursts"]] == [1, 2]
+    assert all(b["retries_per_launch"] is not None for b in step["bursts"])
+    assert step["probe_at_0"]["errors"] == step["probe_at_live"]["errors"] == 0
+    assert 0 < step["probe_at_0"]["run_p50_ms"] and step["latency_ratio"] > 0
+    assert step["probe_at_live"]["mirror_lag_max_ms"] < float("inf")
+    assert step["gateway_rss_mib"]["after_fill"] > 0
+    assert all(d["ok"] > 0 for d in step["describe_at_live"].values())
+    assert (out / "scale.png").stat().st_size > 0
+    assert "| 8 | 200 | fill | 1 |" in (out / "scale.md").read_text()
