@@ -13,10 +13,11 @@ BIN := $(VENV)/bin
 # Debian packages the tests drive for real (COMMAND=PACKAGE): bubblewrap for the
 # sandboxed instances; chromium for the dashboard's browser suite (Playwright, from the
 # dev extra, with executable_path=/usr/bin/chromium; no browser download); the vm
-# driver's tests boot micro-VMs: QEMU, and for `roost images build` a static busybox,
-# cpio and dpkg-deb (the kernel is fetched with apt-get download).
+# driver's tests boot micro-VMs: QEMU, qemu-img (a registered disk image's per-instance
+# overlay), and for `roost images build` a static busybox, cpio and dpkg-deb (the
+# kernel is fetched with apt-get download).
 SYSTEM_PACKAGES := bwrap=bubblewrap chromium=chromium qemu-system-x86_64=qemu-system-x86 \
-	busybox=busybox-static cpio=cpio
+	qemu-img=qemu-utils busybox=busybox-static cpio=cpio
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -35,6 +35,12 @@ for i in range(N):
     recs.append(s.InstanceRecord(**kw))
 types = dict(BUILTIN.items())
 names = {"sg-0123456789abcdef0": "default"}
+devices = None
+if hasattr(render, "Devices"):  # the volume lookup DescribeInstances makes per instance
+    from roost.gateway.volactions import devices_of
+    from roost.gateway.volservice import VolumeService
+    from roost.gateway.volumes import VolumeStore
+    devices = devices_of(VolumeService(VolumeStore(None, lambda: recs), None, list))
 
 def once(filters):
     chosen = apply_filters(recs, filters, INSTANCE_FIELDS, tags=lambda r: r.tags)
@@ -43,6 +49,8 @@ def once(filters):
     for r in page.items:
         grouped.setdefault(r.reservation_id, []).append(r)
     res = tuple(Reservation(k, "000000000000", tuple(v)) for k, v in grouped.items())
+    if devices is not None:
+        return render.describe_instances(Paged(res), types, "req", names, devices)
     if new:
         return render.describe_instances(Paged(res), types, "req", names)
     return render.describe_instances(Paged(res), types, "req")

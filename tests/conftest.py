@@ -96,7 +96,7 @@ def outside_tmp() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def fresh_postgres() -> Iterator[PostgresServer]:
+def fresh_postgres(*, password: bool = False) -> Iterator[PostgresServer]:
     """A Postgres of its own, stopped by pid and removed afterwards.
 
     Not under pytest's basetemp: pytest prunes the oldest numbered basetemps when a newer
@@ -104,7 +104,7 @@ def fresh_postgres() -> Iterator[PostgresServer]:
     another user (we may be root) cannot traverse.
     """
     base = Path(tempfile.mkdtemp(prefix="roost-test-pg-"))
-    server = PostgresServer(base_dir=base, durable=False).start()
+    server = PostgresServer(base_dir=base, durable=False, password=password).start()
     try:
         yield server
     finally:

@@ -33,6 +33,9 @@ class BenchEntry:
 BENCHMARKS = {
     "autoscale": BenchEntry("roost.bench.autoscale", "autoscale",
                             "Replay a per-minute demand curve against roost's plan, HPA and KEDA."),
+    "churn": BenchEntry("roost.bench.churn", "churn_command",
+                        "Launch/terminate pairs by the thousand (20,000 by default): "
+                        "throughput, memory and bucket sizes, capacity restored exactly."),
     "controller-tick": BenchEntry("roost.bench.controller_tick", "controller_tick",
                                   "Plan and tick cost of the capacity controller at scale."),
     "dashboard": BenchEntry("roost.bench.dashboard", "dashboard_bench",
@@ -54,6 +57,9 @@ BENCHMARKS = {
                         "gateway processes, on a 3-server NATS cluster."),
     "vm-boot": BenchEntry("roost.bench.vm_boot", "vm_boot",
                           "Boot time to user data and QEMU's memory overhead per micro-VM."),
+    "wake": BenchEntry("roost.bench.wake", "wake",
+                       "Scale-from-zero latency: first task submitted to started and to done, "
+                       "through the real controller, gateway, node and worker process."),
     "vm-trace": BenchEntry("roost.bench.vm_trace", "vm_trace_command",
                            "VM placement with departures: fewest hosts for zero rejections on "
                            "Azure V1."),
@@ -109,17 +115,19 @@ def bench() -> None:
 def _register() -> None:
     # Imported here so that `roost --help` names every command while each service's
     # modules stay importable on their own. Benchmarks load lazily (`BenchGroup`).
-    from roost.controller.cli import controller, db, pools
+    from roost.bus.options import nats_auth_command
+    from roost.controller.cli import api_tokens, controller, db, pools
     from roost.dashboard.cli import dashboard
     from roost.demo import demo
+    from roost.gateway.accounts_cli import accounts, keys
     from roost.gateway.cli import gateway, status
     from roost.node.cli import node
     from roost.node.vm.cli import images
     from roost.up.cli import up
     from roost.worker.cli import worker
 
-    for cmd in (up, demo, dashboard, node, images, gateway, status, controller, pools, db,
-                worker, bench):
+    for cmd in (up, demo, dashboard, node, images, gateway, status, accounts, keys,
+                controller, pools, api_tokens, db, nats_auth_command, worker, bench):
         main.add_command(cmd)
 
 

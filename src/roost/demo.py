@@ -152,7 +152,8 @@ async def run_demo(cluster: LocalCluster, spec: ClusterSpec, *, tasks: int, seco
         key, secret = next(iter(spec.credentials.items()))
         orch = NativeOrchestrator(NativeSettings(
             endpoint=cluster.gateway.endpoint, region=spec.region, access_key_id=key,
-            secret_access_key=secret, dsn=ctl.postgres.dsn, timeout=5.0), now=time.time)
+            secret_access_key=secret, dsn=ctl.worker_dsn, controller_url=ctl.url,
+            timeout=5.0), now=time.time)
         db = await asyncpg.create_pool(ctl.postgres.dsn, min_size=1, max_size=4)
         async with db.acquire() as conn:
             await migrate(conn)

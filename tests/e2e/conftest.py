@@ -45,26 +45,36 @@ async def _cancel_the_rest() -> None:
 
 class ThreadedCluster:
     def __init__(self, spec: ClusterSpec, node_capacities: Sequence[str] = (), *,
-                 catalog: Catalog = BUILTIN, isolation: Level = "cgroup") -> None:
+                 catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
+                 nats_urls: Sequence[str] = (), operator_key: bytes | None = None,
+                 zones: Sequence[str] = (), owner_id: str = "000000000000") -> None:
+        """``nats_urls``: a NATS (cluster) started elsewhere, instead of a server of its
+        own; each node starts on a different one of them. ``zones``: node i's
+        availability zone is ``zones[i % len(zones)]`` (default: the spec's one zone);
+        ``owner_id``: the account the gateway reports."""
         self.key, self.secret = next(iter(spec.credentials.items()))
         self.spec = spec
         nats = NatsComponent(spec.data_dir / "nats")
+        urls = list(nats_urls) or [nats.url]
         capacities = list(node_capacities) or [spec.node_capacity] * spec.nodes
         nodes = NodesComponent([
             NodeConfig(
-                node_id=f"n{i + 1}", nats_urls=[nats.url], data_dir=spec.data_dir / f"n{i + 1}",
+                node_id=f"n{i + 1}", nats_urls=urls[i % len(urls):] + urls[:i % len(urls)],
+                data_dir=spec.data_dir / f"n{i + 1}",
                 host=replace(spec, node_capacity=cap).node_host(), driver=spec.driver,
                 heartbeat_seconds=spec.heartbeat_seconds, stop_grace_seconds=2.0,
                 catalog=catalog, isolation=isolation,
+                availability_zone=zones[i % len(zones)] if zones else spec.availability_zone,
             )
             for i, cap in enumerate(capacities)
         ])
         gateway = GatewayComponent(GatewayConfig(
-            nats_urls=[nats.url], port=0, region=spec.region, credentials=spec.credentials,
-            auth=spec.auth, policy=spec.policy, launch_timeout=5.0,
+            nats_urls=urls, port=0, region=spec.region, credentials=spec.credentials,
+            auth=spec.auth, policy=spec.policy, launch_timeout=5.0, operator_key=operator_key,
+            owner_id=owner_id,
         ))
         self.nats = nats
-        self.cluster = LocalCluster([nats, gateway, nodes])
+        self.cluster = LocalCluster([gateway, nodes] if nats_urls else [nats, gateway, nodes])
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
@@ -119,11 +129,15 @@ class ThreadedCluster:
 def make_cluster(tmp: Path, *, nodes: int = 3, capacity: str = "8vcpu,32GiB",
                  capacities: Sequence[str] = (), driver: str = "sim",
                  catalog: Catalog = BUILTIN, isolation: Level = "cgroup",
+                 nats_urls: Sequence[str] = (), operator_key: bytes | None = None,
+                 zones: Sequence[str] = (), owner_id: str = "000000000000",
                  **kw: Any) -> ThreadedCluster:
     key, secret = new_credentials()
     spec = ClusterSpec(data_dir=tmp, nodes=nodes, driver=driver, node_capacity=capacity,
                        heartbeat_seconds=0.5, port=0, credentials={key: secret}, **kw)
-    cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation).start()
+    cluster = ThreadedCluster(spec, capacities, catalog=catalog, isolation=isolation,
+                              nats_urls=nats_urls, operator_key=operator_key,
+                              zones=zones, owner_id=owner_id).start()
     cluster.wait_nodes(len(capacities) or nodes)
     return cluster
 

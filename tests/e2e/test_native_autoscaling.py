@@ -48,13 +48,15 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         heartbeat_seconds=0.5, port=0, credentials={key: secret}, controller=False)).start()
     dsn = own_postgres
     db = await open_db(dsn)
+    port = free_port()  # the workers enroll there for their DSN
     orch = NativeOrchestrator(NativeSettings(
         endpoint=cluster.endpoint, region=cluster.spec.region, access_key_id=key,
-        secret_access_key=secret, dsn=dsn, timeout=5.0), now=time.time)
+        secret_access_key=secret, dsn=dsn, controller_url=f"http://127.0.0.1:{port}",
+        timeout=5.0), now=time.time)
     ref = f"type=t3.small; target=tests.worker_tasks:slow; app_dir={ROOT}"
     pool = PoolRef("auto", ref)
     config = ControllerConfig(dsn=dsn, interval=0.5, scale_up_window=1.0,
-                              scale_down_window=2.0, http_port=free_port(),
+                              scale_down_window=2.0, http_port=port,
                               holder="e2e").validate()
     stop, started = asyncio.Event(), asyncio.Event()
     serving: asyncio.Task[None] | None = None
@@ -123,7 +125,8 @@ async def test_a_full_cluster_is_reported_and_retried_not_fatal(
     db = await open_db(dsn)
     orch = NativeOrchestrator(NativeSettings(
         endpoint=cluster.endpoint, region=cluster.spec.region, access_key_id=key,
-        secret_access_key=secret, dsn=dsn, timeout=5.0), now=time.time)
+        secret_access_key=secret, dsn=dsn, controller_url="http://127.0.0.1:1",
+        timeout=5.0), now=time.time)
     ref = "type=g5.xlarge; target=tests.worker_tasks:slow"
     port = free_port()
     config = ControllerConfig(dsn=dsn, interval=0.3, scale_up_window=0.0, http_port=port,

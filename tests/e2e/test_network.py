@@ -277,8 +277,8 @@ def test_block_device_mappings(ec2: Any) -> None:
           BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 4}}])
     fails("InvalidParameterValue", run, ec2,
           BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeType": "fast"}}])
-    fails("InvalidBlockDeviceMapping", run, ec2,
-          BlockDeviceMappings=[{"DeviceName": "/dev/sdb", "Ebs": {"VolumeSize": 10}}])
+    fails("InvalidBlockDeviceMapping", run, ec2,  # other devices: tests/e2e/test_volumes.py
+          BlockDeviceMappings=[{"DeviceName": "floppy", "Ebs": {"VolumeSize": 10}}])
     fails("InvalidParameterCombination", run, ec2,
           BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"Iops": 500}}])
 

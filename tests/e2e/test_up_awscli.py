@@ -90,6 +90,20 @@ def test_roost_up_then_the_pasted_aws_cli_line(
     changes = gone["TerminatingInstances"]
     assert isinstance(changes, list) and changes[0]["InstanceId"] == iid
 
+    # The key roost up made is the default account's, in the accounts bucket, and the
+    # env file it wrote points `roost accounts` at this cluster and its operator key.
+    data_dir = Path(banner.rsplit("source ", 1)[1].split()[0].rstrip(")")).parent
+    for line in (data_dir / "env").read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        env[name] = value
+    shown = subprocess.run([sys.executable, "-m", "roost", "accounts", "show", "000000000000",
+                            "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    keys = [(k["access_key_id"], k["admin"]) for k in json.loads(shown.stdout)["keys"]]
+    assert keys == [(env["AWS_ACCESS_KEY_ID"], True)]  # the operator's: sees every account
+    for secret_file in ("operator.key", "credentials.json", "env"):
+        assert (data_dir / secret_file).stat().st_mode & 0o777 == 0o600
+
     os.kill(proc.pid, signal.SIGINT)  # Ctrl-C
     assert proc.wait(30) == 0
     assert "roost stopped." in log.read_text()

@@ -97,7 +97,8 @@ async def test_metrics_and_openapi(rig: Rig) -> None:
         assert doc["openapi"].startswith("3.")
         assert set(doc["paths"]) == {"/healthz", "/readyz", "/status", "/metrics",
                                      "/openapi.json", "/api/v1/pools/{pool}/tasks",
-                                     "/api/v1/tasks/{task_id}", "/api/v1/pools/{pool}"}
+                                     "/api/v1/tasks/{task_id}", "/api/v1/pools/{pool}",
+                                     "/api/v1/worker-credentials"}
         schema = doc["components"]["schemas"]["StatusDoc"]
         assert {"leader", "epoch", "lastRunAt", "lastError", "queue", "plan",
                 "scaleActions"} <= set(schema["properties"])

@@ -14,6 +14,7 @@ import pytest
 from roost.controller.config import ControllerConfig
 from roost.controller.service import serve
 from roost.embedded.proc import free_port
+from roost.store import apitokens
 from roost.store import pools as pools_q
 from tests.integration.test_controller_helpers import open_db, pool_spec
 
@@ -47,7 +48,12 @@ async def db(pg_dsn: str, controller_url: str) -> AsyncIterator[Any]:
 
 async def test_a_task_posted_to_the_controller_reads_back(controller_url: str,
                                                           db: Any) -> None:
-    async with httpx.AsyncClient(base_url=controller_url) as http:
+    token = await apitokens.create(db, "p-submitter", "p")
+    async with httpx.AsyncClient(base_url=controller_url) as anonymous:
+        r = await anonymous.post("/api/v1/pools/p/tasks", json={"payload": 1})
+        assert (r.status_code, r.headers["www-authenticate"]) == (401, 'Bearer realm="roost"')
+    async with httpx.AsyncClient(base_url=controller_url,
+                                 headers={"authorization": f"Bearer {token}"}) as http:
         r = await http.post("/api/v1/pools/p/tasks",
                             json={"payload": {"n": 1}, "idempotencyKey": "k-1"})
         assert r.status_code == 201, r.text
@@ -66,7 +72,7 @@ async def test_a_task_posted_to_the_controller_reads_back(controller_url: str,
         r = await http.post("/api/v1/pools/ghost/tasks", json={"payload": 1})
         assert r.status_code == 404
         assert r.headers["content-type"] == "application/problem+json"
-        r = await http.get("/api/v1/tasks/not-a-number")
+        r = await http.get("/api/v1/tasks/not-an-id")
         assert r.status_code == 400 and "Traceback" not in r.text
 
 

@@ -37,9 +37,11 @@ class ScriptedNode:
                  on_launch: Callable[[s.LaunchRequest], str | None],
                  gpu_free: tuple[int, ...] = ()) -> None:
         self.nc, self.node_id, self.free_cpu, self.gpu_free = nc, node_id, free_cpu, gpu_free
-        self.on_launch = on_launch  # "ok", "no_capacity", or None (stay silent)
+        # "ok", "no_capacity", "unsupported", or None (stay silent)
+        self.on_launch = on_launch
         self.launches: list[s.LaunchRequest] = []
         self.held: dict[str, s.InstanceRecord] = {}
+        self.cannot_launch = ""
 
     def record(self, req: s.LaunchRequest) -> s.InstanceRecord:
         return s.InstanceRecord(
@@ -62,7 +64,8 @@ class ScriptedNode:
             sent_at=time.time(),
             fit={"t3.micro": self.free_cpu // 2000,
                  "gs1.quarter": sum(f // 250 for f in self.gpu_free)},
-            gpu_free=list(self.gpu_free), gpu_models=["A10G"] * len(self.gpu_free))
+            gpu_free=list(self.gpu_free), gpu_models=["A10G"] * len(self.gpu_free),
+            cannot_launch=self.cannot_launch)
         await self.nc.publish(subjects.capacity(self.node_id), s.encode(snap))
 
     async def _launch(self, msg: Msg) -> None:
@@ -75,10 +78,10 @@ class ScriptedNode:
         if outcome == "ok":
             await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=True,
                                                      node_id=self.node_id, instance=rec)))
-        elif outcome == "no_capacity":
-            await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=False,
-                                                     node_id=self.node_id,
-                                                     error="no_capacity")))
+        elif outcome in ("no_capacity", "unsupported"):
+            await msg.respond(s.encode(s.LaunchReply(
+                launch_id=req.launch_id, ok=False, node_id=self.node_id, error=outcome,
+                message=f"node {self.node_id}: no QEMU here")))
 
     async def _lookup(self, msg: Msg) -> None:
         req = s.decode(msg.data, s.LaunchLookup)
@@ -151,6 +154,60 @@ async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client)
     (launched,) = slow.held.values()
     assert launched.instance_id in resp.text
     assert other.launches == []  # found by lookup, never launched twice
+
+
+async def test_a_node_that_cannot_run_it_is_passed_over(gateway: Gateway,
+                                                        bus: Client) -> None:
+    # Under "roost" the fuller node ranks first; its driver cannot run the launch.
+    lacking = ScriptedNode(bus, "lacking", free_cpu=2000, on_launch=lambda r: "unsupported")
+    able = ScriptedNode(bus, "able", free_cpu=16000, on_launch=lambda r: "ok")
+    for n in (lacking, able):
+        await n.start()
+    await until_live(gateway, 2)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert len(able.launches) == 1 and len(lacking.launches) <= 1
+    # Alone, it is refused at once, with the node's reason, not retried to the deadline.
+    able.on_launch = lambda r: "unsupported"
+    started = time.monotonic()
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 400 and "<Code>Unsupported</Code>" in resp.text, resp.text
+    assert "no QEMU here" in resp.text and time.monotonic() - started < 2.0
+
+
+async def test_a_node_that_says_it_can_launch_nothing_is_not_asked(gateway: Gateway,
+                                                                   bus: Client) -> None:
+    lacking = ScriptedNode(bus, "lacking", free_cpu=16000, on_launch=lambda r: "ok")
+    lacking.cannot_launch = "qemu-system-x86_64 is not installed on this node"
+    await lacking.start()
+    await until_live(gateway, 1)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 400 and "<Code>Unsupported</Code>" in resp.text, resp.text
+    assert "node lacking: qemu-system-x86_64 is not installed" in resp.text
+    able = ScriptedNode(bus, "able", free_cpu=2000, on_launch=lambda r: "ok")
+    await able.start()
+    await until_live(gateway, 2)
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert lacking.launches == [] and len(able.launches) == 1
+
+
+async def test_an_anycast_node_that_cannot_run_it_ends_the_anycast(gateway: Gateway,
+                                                                   bus: Client) -> None:
+    async def refuse(msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchRequest)
+        await msg.respond(s.encode(s.LaunchReply(
+            launch_id=req.launch_id, ok=False, node_id="x", error="image_unavailable",
+            message="node x: /images/disk.raw is not on this node")))
+
+    await bus.subscribe(subjects.run_instances("t3.micro"), queue=subjects.NODE_QUEUE,
+                        cb=refuse)
+    await bus.flush()
+    started = time.monotonic()
+    resp = await post(gateway, RUN)
+    assert "<Code>InvalidAMIID.Unavailable</Code>" in resp.text, resp.text
+    assert "disk.raw is not on this node" in resp.text
+    assert time.monotonic() - started < 2.0  # not the 30 s anycast deadline
 
 
 async def anycast_only_node(bus: Client, node_id: str) -> list[str]:

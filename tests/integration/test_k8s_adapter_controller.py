@@ -1,7 +1,7 @@
 """The capacity controller's reconcile loop (real Postgres, real leadership, a fake clock)
 driving the kubernetes orchestrator over HTTP: a drained worker's pod, and no other, is
-the one the ReplicaSet removes; a not-ready pod holds the removal back; a conflict is a
-failed action that the next tick finishes."""
+the one the ReplicaSet removes; k drained workers leave in one scale-down; a not-ready
+pod holds the removal back; a conflict is a failed action that the next tick finishes."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ async def test_the_drained_workers_pod_is_the_one_removed(loop: Loop) -> None:
     assert rows[b]["status"] == "gone"
     await loop.tick()  # the next read confirms which pod went
     (check,) = loop.orch.removal_checks("batch")
-    assert (check.outcome, check.expected) == ("ok", b)
+    assert (check.outcome, check.expected) == ("ok", (b,))
 
 
 async def test_a_conflict_fails_the_action_and_the_next_tick_finishes_it(loop: Loop) -> None:
@@ -120,3 +120,23 @@ async def test_a_conflict_fails_the_action_and_the_next_tick_finishes_it(loop: L
     res = await loop.tick()
     assert [(r.kind, r.outcome, r.replicas) for r in res.actions] == [("remove", "ok", 2)]
     assert loop.cluster.deleted == [b]
+
+
+async def test_k_drained_workers_leave_in_one_scale_down(loop: Loop) -> None:
+    await pools_q.update_pool(loop.db, "batch", disruption_replicas=3)
+    loop.cluster.scale(NS, DEP, 6)
+    busy = loop.cluster.names(NS, DEP)[:3]
+    loop.running = {w: 1 for w in busy}
+    await loop.tick()  # 3 running at 1 per replica: 3 idle workers drain at once
+    drained = await loop.draining()
+    assert len(drained) == 3 and not set(drained) & set(busy)
+    patches = sum(1 for m, p, _ in loop.cluster.requests if m == "PATCH" and p.endswith("/scale"))
+    res = await loop.tick()  # they report idle: one removal for the three
+    removes = [(r.kind, r.outcome, r.replicas) for r in res.actions if r.kind == "remove"]
+    assert removes == [("remove", "ok", 6 - len(drained))]
+    after = sum(1 for m, p, _ in loop.cluster.requests if m == "PATCH" and p.endswith("/scale"))
+    assert after - patches == 1  # one request for the batch
+    assert sorted(loop.cluster.deleted) == sorted(drained)
+    await loop.tick()
+    (check,) = loop.orch.removal_checks("batch")
+    assert (check.outcome, check.expected) == ("ok", tuple(sorted(drained)))

@@ -90,7 +90,7 @@ async def test_with_a_not_ready_pod_the_adapter_refuses_to_scale_down(rig: Rig) 
     assert rig.cluster.deleted == [drained]
     await rig.orch.pool_state(POOL)
     (check,) = rig.orch.removal_checks("batch")
-    assert (check.outcome, check.expected, check.removed) == ("ok", drained, (drained,))
+    assert (check.outcome, check.expected, check.removed) == ("ok", (drained,), (drained,))
 
 
 @pytest.mark.parametrize("shape", ["unscheduled", "pending", "terminating-extra"])
@@ -120,9 +120,38 @@ async def test_a_rollout_in_progress_blocks_scale_down(rig: Rig) -> None:
         await rig.orch.scale_pool(POOL, 3, request_id="r1")
 
 
-async def test_more_than_one_replica_at_a_time_is_refused(rig: Rig) -> None:
-    with pytest.raises(UnsafeScaleDown, match="one drained replica at a time"):
+async def test_a_batch_of_marked_pods_goes_in_one_scale_down(rig: Rig) -> None:
+    rig.cluster.scale(NS, DEP, 5)
+    a, b, c, d, e = rig.names()
+    for pod in (b, d):
+        await rig.orch.set_instance_termination_priority(POOL, pod, priority=-1000)
+    await rig.orch.scale_pool(POOL, 3, request_id="r1")
+    assert sorted(rig.cluster.deleted) == [b, d]
+    assert rig.names() == [a, c, e]
+    await rig.orch.pool_state(POOL)
+    (check,) = rig.orch.removal_checks("batch")
+    assert (check.outcome, check.expected, check.removed) == ("ok", (b, d), (b, d))
+
+
+async def test_removing_other_than_the_marked_count_is_refused(rig: Rig) -> None:
+    with pytest.raises(UnsafeScaleDown, match="with no marked pod"):
         await rig.orch.scale_pool(POOL, 1, request_id="r1")
+    a, b, _c = rig.names()
+    for pod in (a, b):
+        await rig.orch.set_instance_termination_priority(POOL, pod, priority=-1000)
+    with pytest.raises(UnsafeScaleDown, match="with 2 marked pods"):
+        await rig.orch.scale_pool(POOL, 2, request_id="r1")
+    assert rig.patches("/scale") == 0
+
+
+async def test_a_batch_waits_for_every_other_pod_to_serve(rig: Rig) -> None:
+    rig.cluster.scale(NS, DEP, 4)
+    a, b, c, _d = rig.names()
+    for pod in (a, b):
+        await rig.orch.set_instance_termination_priority(POOL, pod, priority=-1000)
+    rig.cluster.set_ready(NS, c, False)
+    with pytest.raises(UnsafeScaleDown, match=f"not removing 2 .*pod {c} is not ready"):
+        await rig.orch.scale_pool(POOL, 2, request_id="r1")
     assert rig.patches("/scale") == 0
 
 
@@ -215,18 +244,24 @@ async def test_priority_zero_clears_the_annotation(rig: Rig) -> None:
     assert COST not in meta["annotations"] and REMOVAL_MARK not in meta["annotations"]
     # With the mark gone, the adapter names no drained pod any more.
     await rig.orch.scale_pool(POOL, 2, request_id="r1")
-    assert rig.orch.removal_checks()[0].expected is None
+    assert rig.orch.removal_checks()[0].expected == ()
 
 
 async def test_a_new_mark_clears_roosts_stale_one_but_not_other_costs(rig: Rig) -> None:
-    a, b, c = rig.names()
+    """A mark outside the batch being prepared (left by an earlier leader) is stale;
+    marks of the same batch stay, and so do costs roost did not write."""
+    rig.cluster.scale(NS, DEP, 4)
+    a, b, c, d = rig.names()
     rig.cluster.pod(NS, c)["metadata"]["annotations"][COST] = "500"  # the user's own
-    await rig.orch.set_instance_termination_priority(POOL, a, priority=-1000)
+    rig.cluster.pod(NS, a)["metadata"]["annotations"].update(
+        {COST: "-1000", REMOVAL_MARK: "2024-01-01T00:00:00+00:00"})  # an earlier leader's
     await rig.orch.set_instance_termination_priority(POOL, b, priority=-1000)
+    await rig.orch.set_instance_termination_priority(POOL, d, priority=-1000)
     assert COST not in rig.cluster.pod(NS, a)["metadata"]["annotations"]
     assert rig.cluster.pod(NS, c)["metadata"]["annotations"][COST] == "500"
     state = await rig.orch.pool_state(POOL)
-    assert {i.ref: i.termination_priority for i in state.instances} == {a: 0, b: -1000, c: 500}
+    assert {i.ref: i.termination_priority for i in state.instances} == {
+        a: 0, b: -1000, c: 500, d: -1000}
 
 
 async def test_a_new_leader_finds_the_drained_pod_by_roosts_mark(rig: Rig, tmp_path: Path
@@ -238,7 +273,7 @@ async def test_a_new_leader_finds_the_drained_pod_by_roosts_mark(rig: Rig, tmp_p
         KubernetesSettings(kubeconfig=str(kubeconfig), cluster_view_ttl=0), now=rig.clock.time)
     try:
         await other.scale_pool(POOL, 2, request_id="r1")
-        assert other.removal_checks()[0].expected == drained
+        assert other.removal_checks()[0].expected == (drained,)
         assert rig.cluster.deleted == [drained]
     finally:
         await other.close()

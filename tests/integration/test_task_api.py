@@ -15,7 +15,7 @@ import uvicorn
 
 from roost.controller import tasks_api
 from roost.embedded.proc import free_port
-from roost.store import fenced, lease
+from roost.store import apitokens, fenced, lease
 from roost.worker import Worker
 from roost.worker.client import AsyncTasksClient, TaskApiError, TasksClient, submit_task
 from tests.integration.worker_helpers import config, open_pool_db, running
@@ -31,16 +31,23 @@ async def db(pg_dsn: str) -> AsyncIterator[Any]:
 
 
 @pytest.fixture
-async def http(db: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def token(db: Any) -> str:
+    """An operator token (every pool); the access rules have their own tests."""
+    return await apitokens.create(db, "ops", None)
+
+
+@pytest.fixture
+async def http(db: Any, token: str) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=tasks_api.build_app(db))
-    async with httpx.AsyncClient(transport=transport, base_url="http://controller") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://controller",
+                                 headers={"authorization": f"Bearer {token}"}) as c:
         yield c
 
 
 @pytest.fixture
-async def client(db: Any) -> AsyncIterator[AsyncTasksClient]:
+async def client(db: Any, token: str) -> AsyncIterator[AsyncTasksClient]:
     transport = httpx.ASGITransport(app=tasks_api.build_app(db))
-    async with AsyncTasksClient("http://controller", transport=transport) as c:
+    async with AsyncTasksClient("http://controller", token=token, transport=transport) as c:
         yield c
 
 
@@ -105,8 +112,8 @@ async def test_problem_details_for_bad_requests(http: httpx.AsyncClient, db: Any
         ("POST", "/api/v1/pools/ghost/tasks", {"json": {"payload": 1}}, 404, "Unknown pool"),
         ("GET", "/api/v1/pools/ghost", {}, 404, "Unknown pool"),
         ("GET", "/api/v1/tasks/abc", {}, 400, "Invalid task id"),
-        ("GET", "/api/v1/tasks/99999999999999999999999", {}, 404, "Unknown task"),
-        ("GET", "/api/v1/tasks/424242", {}, 404, "Unknown task"),
+        ("GET", "/api/v1/tasks/424242", {}, 400, "Invalid task id"),  # ids are not numbers
+        ("GET", "/api/v1/tasks/t-" + "0" * 32, {}, 404, "Unknown task"),
         ("DELETE", f"/api/v1/tasks/{first}", {}, 405, "Method not allowed"),
         ("GET", "/api/v1/nothing", {}, 404, "Not found"),
     ]
@@ -125,14 +132,16 @@ async def test_an_unreachable_database_is_a_503_problem(pg_dsn: str) -> None:
     db = await open_pool_db(pg_dsn)
     await db.close()  # every query now fails
     transport = httpx.ASGITransport(app=tasks_api.build_app(db))
-    async with httpx.AsyncClient(transport=transport, base_url="http://c") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://c",
+                                 headers={"authorization": "Bearer rpt_any"}) as http:
         for r in (await http.post("/api/v1/pools/p/tasks", json={"payload": 1}),
-                  await http.get("/api/v1/tasks/1"), await http.get("/api/v1/pools/p")):
+                  await http.get("/api/v1/tasks/t-" + "1" * 32),
+                  await http.get("/api/v1/pools/p")):
             assert r.status_code == 503 and r.json()["title"] == "Database unavailable"
             assert r.headers["content-type"] == "application/problem+json"
 
 
-async def test_the_sync_client_over_real_http(db: Any) -> None:
+async def test_the_sync_client_over_real_http(db: Any, token: str) -> None:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(tasks_api.build_app(db), host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off"))
@@ -143,13 +152,13 @@ async def test_the_sync_client_over_real_http(db: Any) -> None:
         url = f"http://127.0.0.1:{port}"
 
         def use() -> None:
-            tid = submit_task(url, "other", [1, 2], idempotency_key="a")
-            with TasksClient(url) as c:
+            tid = submit_task(url, "other", [1, 2], token=token, idempotency_key="a")
+            with TasksClient(url, token=token) as c:
                 assert c.submit("other", [1, 2], idempotency_key="a").id == tid
                 assert c.get(tid).status == "queued"
                 assert c.pool("other").queued == 1
                 with pytest.raises(TaskApiError) as exc:
-                    c.get(10**6)
+                    c.get("t-" + "f" * 32)
                 assert (exc.value.status, exc.value.title) == (404, "Unknown task")
                 with pytest.raises(TimeoutError):
                     c.wait(tid, timeout=0.1, every=0.05)
@@ -164,7 +173,7 @@ async def test_the_sync_client_over_real_http(db: Any) -> None:
 def test_the_openapi_fragment_describes_every_route() -> None:
     paths, components = tasks_api.openapi_fragment()
     assert set(paths) == {"/api/v1/pools/{pool}/tasks", "/api/v1/tasks/{task_id}",
-                          "/api/v1/pools/{pool}"}
+                          "/api/v1/pools/{pool}", "/api/v1/worker-credentials"}
     assert {"SubmitTask", "TaskSubmitted", "TaskDoc", "PoolDoc", "Problem"} <= set(components)
     assert set(components["SubmitTask"]["properties"]) == {
         "payload", "idempotencyKey", "maxAttempts"}

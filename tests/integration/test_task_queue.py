@@ -46,7 +46,7 @@ async def test_idempotency_key_returns_the_existing_task(db: Any) -> None:
     assert first.created and not again.created and again.task_id == first.task_id
     with pytest.raises(IdempotencyConflict) as exc:
         await tq.submit(db, "p", {"n": 2}, idempotency_key="k1")
-    assert exc.value.task_id == first.task_id
+    assert exc.value.task_id == first.public_id  # the id callers know, never the internal one
     # Without a key every submit is a new task.
     a, b = await tq.submit(db, "p", [1]), await tq.submit(db, "p", [1])
     assert a.task_id != b.task_id

@@ -100,6 +100,24 @@ def test_silent_nodes_leave_the_candidates_then_the_view() -> None:
     assert view.status() == []
 
 
+def test_a_node_is_lost_after_missed_heartbeats_or_never_heard_from() -> None:
+    clock = Clock()
+    view = CapacityView(clock, full_after=6.0)
+    view.apply(snap("n1", 1))
+    assert not view.lost("n1") and not view.lost("n9")  # n9: not listened long enough
+    clock.now += 3.1  # three 1 s heartbeats missed
+    assert view.lost("n1") and view.silent_for("n1") == pytest.approx(3.1)
+    view.apply(snap("n1", 2))
+    assert not view.lost("n1")
+    clock.now += 6.0
+    view.apply(snap("n1", 3))
+    assert view.lost("n9") and view.silent_for("n9") is None
+    view.forget("n1")  # roost node forget: out of the view at once
+    assert view.status() == [] and view.lost("n1")
+    view.apply(snap("n1", 1, boot="b2", sent=1.0))  # ...until it is heard again
+    assert not view.lost("n1")
+
+
 def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> None:
     view = CapacityView(Clock())
     view.apply(snap("n1", 1, sent=10.0))

@@ -122,6 +122,8 @@ def test_the_example_worker() -> None:
     assert label == "metadata.labels['app.kubernetes.io/version']"
     assert "app.kubernetes.io/version" in dep["spec"]["template"]["metadata"]["labels"]
     assert c["resources"]["requests"] == {"cpu": "500m", "memory": "512Mi"}
+    # Workers use the least-privilege role's Secret, never the controller's.
+    assert env["ROOST_DSN"]["valueFrom"]["secretKeyRef"]["name"] == "roost-worker-db"
 
 
 def test_rbac_grants_exactly_what_the_adapter_uses() -> None:

@@ -28,14 +28,14 @@ def pod(name: str, *, ready: bool = True, cost: int | None = None, phase: str = 
 
 def test_a_settled_pool_with_the_lowest_cost_on_the_drained_pod_is_safe() -> None:
     pods = [pod("a"), pod("b", cost=-1000), pod("c", cost=5)]
-    assert removal_blockers(pods, replicas=3, victim="b", expected_cost=-1000) == []
+    assert removal_blockers(pods, replicas=3, victims={"b": -1000}) == []
     # Naming no drained pod is allowed when every pod serves (any may go, as with kubectl).
-    assert removal_blockers(pods, replicas=3, victim=None, expected_cost=None) == []
+    assert removal_blockers(pods, replicas=3, victims={}) == []
 
 
 def test_the_drained_pod_itself_may_be_not_ready() -> None:
     pods = [pod("a"), pod("b", cost=-1000, ready=False)]
-    assert removal_blockers(pods, replicas=2, victim="b", expected_cost=-1000) == []
+    assert removal_blockers(pods, replicas=2, victims={"b": -1000}) == []
 
 
 @pytest.mark.parametrize(("pods", "replicas", "blocker"), [
@@ -53,12 +53,14 @@ def test_the_drained_pod_itself_may_be_not_ready() -> None:
     ([pod("a"), pod("c")], 2, "drained pod b is not an active pod"),
 ])
 def test_blockers(pods: list[Pod], replicas: int, blocker: str) -> None:
-    found = removal_blockers(pods, replicas=replicas, victim="b", expected_cost=-1000)
+    found = removal_blockers(pods, replicas=replicas, victims={"b": -1000})
     assert any(blocker in b for b in found), found
 
 
 def _check(expected: str | None = "b") -> RemovalCheck:
-    return RemovalCheck("p", "ns/w", expected, ("a", "b", "c"), 2, requested_at=100.0)
+    names = tuple(expected.split(",")) if expected else ()
+    return RemovalCheck("p", "ns/w", names, ("a", "b", "c"), 3 - max(1, len(names)),
+                        requested_at=100.0)
 
 
 @pytest.mark.parametrize(("expected", "left", "outcome", "detail"), [
@@ -67,6 +69,10 @@ def _check(expected: str | None = "b") -> RemovalCheck:
     ("b", ["c"], "ok", "removed drained b (also gone: a)"),
     ("b", ["b", "c"], "mismatch", "removed a instead of drained b"),
     (None, ["b", "c"], "unverified", "removed a; no drained pod was named"),
+    ("a,b", ["c"], "ok", "removed drained a, b"),
+    ("a,b", ["b", "c"], "pending", ""),  # the rest of the batch is on its way
+    ("a,b", ["a", "b"], "mismatch", "removed c instead of drained a, b"),
+    ("a,b", ["b"], "mismatch", "removed c instead of drained a, b"),
 ])
 def test_resolving_a_removal(expected: str | None, left: list[str], outcome: str,
                              detail: str) -> None:
@@ -76,6 +82,23 @@ def test_resolving_a_removal(expected: str | None, left: list[str], outcome: str
     assert new.open is (outcome == "pending")
     if not new.open:  # a resolved check stays as it is
         assert resolve(new, [], now=500.0, patience=60) == new
+
+
+def test_a_batch_is_safe_only_when_every_other_pod_costs_more() -> None:
+    pods = [pod("a", cost=-1000), pod("b", cost=-1000, ready=False), pod("c", cost=5)]
+    assert removal_blockers(pods, replicas=3, victims={"a": -1000, "b": -1000}) == []
+    pods[2] = pod("c", cost=-1000)
+    assert removal_blockers(pods, replicas=3, victims={"a": -1000, "b": -1000}) == [
+        "c cost no more than a, b (-1000) to delete"]
+    found = removal_blockers([pod("a", cost=-1000), pod("c")], replicas=2,
+                             victims={"a": -1000, "b": -1000})
+    assert found == ["drained pod b is not an active pod of the Deployment"]
+
+
+def test_part_of_a_batch_gone_waits_then_is_stuck() -> None:
+    check = _check("a,b")
+    assert resolve(check, [pod("b"), pod("c")], now=161.0, patience=60).detail == (
+        "not every drained pod has left 60s after asking for 1 replicas")
 
 
 def test_a_terminating_pod_counts_as_gone_and_patience_runs_out() -> None:

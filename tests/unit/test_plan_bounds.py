@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -233,3 +234,68 @@ def test_an_orchestrator_that_removes_one_at_a_time_gets_batches_of_one() -> Non
     p = run(snap(inputs), {"p": held(0)}).pool("p")
     assert [x for x in p.steps if isinstance(x, RemoveReplica)] == [
         RemoveReplica("p", "b", "i-b", 2)]
+
+
+def _rates(*values: float, step: float = 10.0) -> tuple[tuple[float, float], ...]:
+    return tuple((NOW - step * (len(values) - i), v) for i, v in enumerate(values))
+
+
+def test_headroom_holds_room_for_bursts_beyond_poisson_noise() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0)
+    # 1/s with a 4/s burst read now and then: the variance is far beyond Poisson's
+    bursty = replace(_est(1.0), rates=_rates(*[1.0] * 9, 4.0, *[1.0] * 9, 4.0))
+    peak = bursty.peak_rate(s)
+    assert peak is not None and peak.mean == pytest.approx(1.3)
+    assert 1.3 < peak.rate <= peak.highest == 4.0
+    got = size(Demand(0, 1, 1.0), bursty, replicas=1, target=1, s=s)
+    assert got.effective == 1 and got.reserve == math.ceil(peak.rate)
+    assert any("headroom" in line for line in got.explain)
+    # Poisson-like reads (variance about mean / window) hold no headroom beyond the mean
+    calm = replace(_est(1.0), rates=_rates(*[10.0, 10.5, 9.6, 10.2, 9.8] * 4))
+    calm_peak = calm.peak_rate(s)
+    assert calm_peak is not None and calm_peak.rate == pytest.approx(calm_peak.mean)
+    # never above the highest rate read: a step's own variance does not overshoot it
+    step = replace(_est(1.0), rates=_rates(*[1.0] * 10, *[10.0] * 10))
+    step_peak = step.peak_rate(s)
+    assert step_peak is not None and step_peak.rate == 10.0
+    assert replace(_est(1.0), rates=_rates(1.0, 4.0)).peak_rate(
+        replace(s, headroom_sigmas=0)) is None
+
+
+def test_headroom_stops_a_scale_down_of_recurring_demand_but_never_starts_a_scale_up(
+) -> None:
+    s = replace(SETTINGS, headroom_sigmas=2.0, scale_down_window=30.0, flap_window=30.0)
+    est = replace(Estimates(service=1.0, service_at=NOW), rates=_rates(*[1.0] * 9, 12.0))
+    hist = replace(held(1), estimates=est, flap_until=NOW + 100)  # demand recurs
+    inputs = pool(spec(target_per_replica=1), running=1, replicas=4)
+    inputs = replace(inputs, demand=Demand(0, 1, 1.0, 1.0))
+    p = run(snap(inputs), {"p": hist}, settings=s).pool("p")
+    assert p.desired_replicas == 4 and "headroom" in p.reason
+    assert not [x for x in p.steps if isinstance(x, MarkDraining)]
+    # the same reads after a step down (no recurrence): no room held
+    once = run(snap(inputs), {"p": replace(hist, flap_until=None)}, settings=s).pool("p")
+    assert once.desired_replicas is not None and once.desired_replicas < 4
+    # a burst seen twice, apart, recurs: room is held without the flap guard
+    twice = replace(est, rates=_rates(*[1.0] * 9, 12.0, *[1.0] * 9, 12.0, 1.0))
+    held_twice = run(snap(inputs), {"p": replace(hist, flap_until=None, estimates=twice)},
+                     settings=s).pool("p")
+    assert held_twice.desired_replicas == 4 and "headroom" in held_twice.reason
+    small = replace(inputs, infra=replace(inputs.infra, target_replicas=1,  # type: ignore[arg-type]
+                                          instances=inputs.infra.instances[:1]))  # type: ignore[union-attr]
+    grown = run(snap(small), {"p": hist}, settings=s).pool("p")
+    assert grown.desired_replicas == 1  # room is kept, never asked for
+
+
+def test_backlog_the_pool_cannot_clear_in_time_skips_the_scale_up_window() -> None:
+    s = replace(SETTINGS, scale_up_window=30.0, startup_default=30.0)
+    est = Estimates(service=1.0, service_at=NOW)
+    inputs = replace(pool(spec(target_per_replica=5), replicas=2),
+                     demand=Demand(600, 10, 10.0, 1.0))
+    # no history over the window: the seed rule would wait 30 s
+    p = run(snap(inputs), {"p": PoolHistory(estimates=est)}, settings=s).pool("p")
+    assert p.desired_replicas is not None and p.desired_replicas > 2
+    # a backlog the pool clears before a new replica could start waits the window
+    easy = replace(pool(spec(target_per_replica=5), replicas=10),
+                   demand=Demand(100, 10, 10.0, 1.0))
+    q = run(snap(easy), {"p": PoolHistory(estimates=est)}, settings=s).pool("p")
+    assert q.desired_replicas == 10

@@ -47,6 +47,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from roost.bus.auth import ENV as ENV_NATS_CREDS
+from roost.bus.auth import NatsAuth
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 
@@ -183,20 +185,24 @@ def _level(concurrency: int, pairs: int, errors: int, runs: list[float], terms: 
     )
 
 
-async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str) -> Level:
+async def run_level(signer: Signer, *, concurrency: int, pairs: int, itype: str,
+                    token_prefix: str = "") -> Level:
+    """``pairs`` RunInstances + TerminateInstances from ``concurrency`` connections; with
+    ``token_prefix``, each launch carries a ClientToken (``<prefix>-<n>``), as boto3's do."""
     runs: list[float] = []
     terms: list[float] = []
     errors = 0
     todo = iter(range(pairs))
+    run = RUN + ("&ClientToken={token}" if token_prefix else "")
 
     async def worker() -> None:
         nonlocal errors
         conn = Connection(signer.url)
         try:
-            for _ in todo:
+            for n in todo:
                 try:
-                    took, text = await _call(conn, signer,
-                                             RUN.format(image=DEFAULT_IMAGE_ID, itype=itype))
+                    took, text = await _call(conn, signer, run.format(
+                        image=DEFAULT_IMAGE_ID, itype=itype, token=f"{token_prefix}-{n}"))
                     runs.append(took)
                     iid = text.split("<instanceId>", 1)[1].split("<", 1)[0]
                     took, _ = await _call(conn, signer, TERMINATE.format(iid=iid))
@@ -305,7 +311,8 @@ async def floor_level(nats_url: str, *, concurrency: int, pairs: int) -> Level:
     """Two nats-py request-replies per pair against the trivial responder."""
     import nats
 
-    nc = await nats.connect(nats_url)
+    auth = NatsAuth.from_env()  # roost up's admin user, as `local_cluster` sets it
+    nc = await nats.connect(nats_url, **(auth.options() if auth else {}))
     firsts: list[float] = []
     seconds: list[float] = []
     errors = 0
@@ -584,12 +591,33 @@ def cpu_seconds(root: int) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class UpProcess:
+    """A `roost up` running as a child process."""
+
+    pid: int
+    endpoint: str
+    key: str
+    secret: str
+    nats_url: str
+
+
 @contextmanager
 def local_cluster(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
                   gateway_workers: int = 1) -> Iterator[tuple[str, str, str, str]]:
     """`roost up` (sim driver, no controller) in a child process, its gateway in
     ``gateway_workers`` processes of their own (0: on up's loop, beside the nodes);
     yields (endpoint, key, secret, nats_url)."""
+    with up_process(nodes=nodes, node_capacity=node_capacity, policy=policy,
+                    gateway_workers=gateway_workers) as up:
+        yield up.endpoint, up.key, up.secret, up.nats_url
+
+
+@contextmanager
+def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
+               gateway_workers: int = 1) -> Iterator[UpProcess]:
+    """`roost up` (sim driver, no controller) in a child process, its gateway in
+    ``gateway_workers`` processes of their own (0: on up's loop)."""
     with tempfile.TemporaryDirectory(prefix="roost-bench-") as tmp:
         data = Path(tmp) / "up"
         log = Path(tmp) / "up.log"
@@ -606,8 +634,11 @@ def local_cluster(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLIC
         try:
             env = _wait_for_env(proc, data / "env", log)
             CLUSTER_PIDS[env["AWS_ENDPOINT_URL_EC2"]] = proc.pid
-            yield (env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
-                   env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
+            # The floor's raw clients authenticate as roost's own components do.
+            if env.get(ENV_NATS_CREDS):
+                os.environ[ENV_NATS_CREDS] = env[ENV_NATS_CREDS]
+            yield UpProcess(proc.pid, env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
+                            env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
         finally:
             CLUSTER_PIDS.pop(env.get("AWS_ENDPOINT_URL_EC2", ""), None)
             _stop(proc)
@@ -618,7 +649,7 @@ def _nats_url(log: Path) -> str:
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
             if line.strip().startswith("NATS ") and "nats://" in line:
-                return line.split()[-1]
+                return line.split()[1]  # "NATS  nats://...  (what guards it)"
         time.sleep(0.05)
     return ""
 
@@ -670,9 +701,11 @@ def moto_server() -> Iterator[str]:
 RESPONDER = """
 import asyncio, sys
 import nats
+from roost.bus.auth import NatsAuth
 
 async def main(url, subject):
-    nc = await nats.connect(url)
+    auth = NatsAuth.from_env()
+    nc = await nats.connect(url, **(auth.options() if auth else {}))
     async def reply(msg):
         await msg.respond(msg.data)
     await nc.subscribe(subject, cb=reply)

@@ -33,11 +33,18 @@ POINTS = (("kernel", b"roost-microvm: kernel"), ("network", b"roost-microvm: eth
 
 class _Metadata(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # the stdlib names it
-        body = USER_DATA if self.path.endswith("user-data") else b"i-bench"
+        body = {"user-data": USER_DATA, "local-ipv4": b"10.0.0.5"}.get(
+            self.path.rpartition("/")[2], b"i-bench")
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_PUT(self) -> None:  # an IMDSv2 token, as the node's service gives
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"token")
 
     def log_message(self, *args: object) -> None:
         return None
@@ -64,9 +71,10 @@ def boot_once(accel: qemu.Accel, itype: str, *, timeout: float) -> dict[str, obj
     with tempfile.TemporaryDirectory(prefix="roost-vm-boot-") as tmp:
         work = Path(tmp) / "i-bench"
         work.mkdir()
-        argv = qemu.command(binary, itype=BUILTIN[itype], kernel=images / image.kernel,
-                            initrd=images / image.initrd, workdir=work, accel=accel,
-                            imds_port=server.server_address[1])
+        boot = qemu.instance_disks(qemu.Boot(kernel=images / image.kernel,
+                                             initrd=images / image.initrd), work)
+        argv = qemu.command(binary, itype=BUILTIN[itype], boot=boot, workdir=work,
+                            accel=accel, imds_port=server.server_address[1])
         start = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)

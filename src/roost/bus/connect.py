@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.kv import KeyValue
+
+from roost.bus.auth import NatsAuth
 
 log = logging.getLogger(__name__)
 
 
 async def connect(
-    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0
+    servers: Sequence[str], *, name: str, connect_timeout: float = 5.0,
+    auth: NatsAuth | None = None,
 ) -> Client:
-    """A connection that reconnects forever: a node or gateway outlives a NATS restart."""
+    """A connection that reconnects forever: a node or gateway outlives a NATS restart.
+    ``auth`` carries the user's credentials and TLS (`roost.bus.auth`); without it the
+    connection is anonymous, which a server with users configured refuses."""
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats error (%s): %s", name, exc)
@@ -30,6 +37,7 @@ async def connect(
         reconnect_time_wait=0.5,
         error_cb=on_error,
         allow_reconnect=True,
+        **(auth.options() if auth is not None else {}),
     )
 
 
@@ -39,40 +47,133 @@ async def key_value(
     """Open ``bucket``, creating it if it does not exist yet.
 
     In a fresh cluster, JetStream may still be electing its meta leader: retry briefly
-    rather than fail a start that would succeed a second later.
+    rather than fail a start that would succeed a second later. A bucket made on a
+    cluster is replicated to three servers (or all, if fewer), so losing one server
+    loses no bucket and blocks no write; one server keeps it on itself.
     """
     js = nc.jetstream()
+    replicas = bucket_replicas(nc)
     last: Exception | None = None
     for _ in range(attempts):
         try:
             try:
                 return await js.key_value(bucket)
             except BucketNotFoundError:
-                return await js.create_key_value(bucket=bucket, history=history, ttl=ttl)
+                return await js.create_key_value(bucket=bucket, history=history, ttl=ttl,
+                                                 replicas=replicas)
         except (nats.errors.TimeoutError, APIError, nats.errors.NoRespondersError) as exc:
             last = exc
             await asyncio.sleep(0.2)
     raise RuntimeError(f"JetStream KV bucket {bucket!r} unavailable: {last}")
 
 
+def bucket_replicas(nc: Client) -> int:
+    """3 on a JetStream cluster of three or more servers (as many as there are, if
+    fewer), 1 on a lone server: what the server said of its cluster on connecting."""
+    info = nc._server_info  # nats-py keeps the server's INFO private
+    if not info.get("cluster"):
+        return 1
+    return max(1, min(3, len(info.get("connect_urls") or [])))
+
+
+STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.{stream}"
+"""The advisory JetStream publishes when a stream (a KV bucket is stream ``KV_<name>``)
+is created: the cue that a bucket was deleted and made again."""
+
+
 async def follow_bucket(kv: KeyValue, what: str, *, on_entry: Callable[[KeyValue.Entry], None],
-                        synced: asyncio.Event, meta_only: bool = False) -> None:
-    """Follow ``kv`` for good, handing each entry to ``on_entry``; ``synced`` is set once
-    the current contents have been delivered. Re-watches after any failure, with a short
-    backoff, so a mirror outlives a NATS restart. Runs until cancelled."""
-    while True:
-        try:
-            watcher = await kv.watchall(meta_only=meta_only)
+                        synced: asyncio.Event, meta_only: bool = False,
+                        keys: str = ">") -> None:
+    """Follow ``kv`` (its ``keys``, all by default) for good, handing each entry to
+    ``on_entry``; ``synced`` is set once the current contents have been delivered.
+    Re-watches after any failure, with a short
+    backoff, so a mirror outlives a NATS restart. Runs until cancelled.
+
+    A bucket deleted and created again is re-watched as soon as JetStream announces the
+    new stream. nats-py's watch is an ordered consumer: with the stream gone it hears no
+    heartbeats, resets itself only after two missed ones (10 s), fails while the stream
+    is absent and tries again 10 s later, and then resumes at the *old* stream's next
+    sequence, skipping the new stream's first entries. Left to itself a mirror came back
+    after about 20 s, and could miss records.
+    """
+    recreated = asyncio.Event()
+
+    async def on_created(_msg: Msg) -> None:
+        recreated.set()
+
+    # nats-py keeps the context's connection and the bucket's stream name private.
+    nc: Client = kv._js._nc
+    advisory = await nc.subscribe(STREAM_CREATED.format(stream=kv._stream),
+                                  cb=on_created)
+    try:
+        while True:
             try:
-                async for entry in watcher:
-                    if entry is None:
-                        synced.set()
+                recreated.clear()
+                watcher = await kv.watch(keys, meta_only=meta_only)
+                try:
+                    if await _deliver_until(watcher, on_entry, synced, recreated):
+                        log.warning("the %s bucket was created anew; re-watching", what)
                         continue
-                    on_entry(entry)
-            finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("watch of the %s bucket failed (%r); re-watching", what, exc)
+                finally:
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watch of the %s bucket failed (%r); re-watching", what, exc)
             await asyncio.sleep(1.0)
+    finally:
+        with contextlib.suppress(Exception):
+            await advisory.unsubscribe()
+
+
+async def _deliver_until(watcher: KeyValue.KeyWatcher,
+                         on_entry: Callable[[KeyValue.Entry], None], synced: asyncio.Event,
+                         recreated: asyncio.Event) -> bool:
+    """Hand the watch's entries on until it ends (False) or ``recreated`` is set (True)."""
+
+    async def pump() -> None:
+        async for entry in watcher:
+            if entry is None:
+                synced.set()
+                continue
+            on_entry(entry)
+
+    pumping = asyncio.ensure_future(pump())
+    waiting = asyncio.ensure_future(recreated.wait())
+    try:
+        await asyncio.wait({pumping, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (pumping, waiting):
+            task.cancel()
+        await asyncio.gather(pumping, waiting, return_exceptions=True)
+    failed = pumping.exception() if pumping.done() and not pumping.cancelled() else None
+    if failed is not None:
+        raise failed
+    return recreated.is_set()
+
+
+class BucketMirror:
+    """A mirror of one bucket: `follow_bucket` as a background task that the mirror
+    starts, waits on until the bucket's contents are in, and stops. Subclasses take each
+    entry in `_on_entry`."""
+
+    def __init__(self, kv: KeyValue, what: str) -> None:
+        self._kv, self._what = kv, what
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _on_entry(self, entry: KeyValue.Entry) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            follow_bucket(self._kv, self._what, on_entry=self._on_entry,
+                          synced=self._synced), name=f"watch-{self._what}")
+
+    async def wait_synced(self, timeout: float) -> None:
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

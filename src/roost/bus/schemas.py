@@ -7,13 +7,22 @@ keep ``v``; a change of meaning bumps it.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
 import msgspec
 
+from roost.domain.images import Image
+from roost.domain.volumes import LaunchVolume
+
 SCHEMA_VERSION = 1
 
-LaunchError = Literal["no_capacity", "draining", "unknown_type", "bad_request", "internal"]
+LaunchError = Literal["no_capacity", "draining", "unknown_type", "bad_request", "internal",
+                      "unsupported", "image_unavailable"]
+"""``unsupported``: this node's driver cannot run the launch (no QEMU, a kernel image
+under the process driver) and will not until its operator acts; ``image_unavailable``:
+the image's files are not on this node. The gateway places the launch elsewhere and does
+not ask this node again for it."""
 CommandOp = Literal["stop", "start", "terminate", "describe", "reboot", "console", "modify"]
 ShutdownBehavior = Literal["stop", "terminate"]
 
@@ -30,6 +39,9 @@ class LaunchRequest(Msg):
     instance_type: str
     image_id: str
     reservation_id: str
+    image: Image | None = None
+    """A registered image (RegisterImage) as the gateway knows it; None for a built-in,
+    which every node knows by id."""
     user_data: str = ""  # decoded text
     tags: dict[str, str] = {}
     availability_zone: str = ""
@@ -69,15 +81,25 @@ class InstanceNetwork(Msg):
     vpc_id: str = ""
     security_group_ids: list[str] = []
     key_name: str = ""
+    public_key: str = ""
+    """The key pair's public half (OpenSSH), which the node serves at IMDS
+    ``public-keys/0/openssh-key``: a key pair deleted later still works, as on EC2."""
     root_volume_size: int = 8  # GiB
     root_volume_type: str = "gp2"
     root_volume_iops: int | None = None
     root_volume_throughput: int | None = None
     root_volume_encrypted: bool = False
     root_delete_on_termination: bool = True
+    volumes: list[LaunchVolume] = []
+    """The launch's mappings beyond the root device (`roost.domain.volumes`)."""
+    volume_tags: dict[str, str] = {}
+    """TagSpecification ResourceType=volume: the tags of every volume of the launch."""
     tenancy: str = "default"
     monitoring: bool = False
     ebs_optimized: bool = False
+    source_dest_check: bool = True
+    hibernation: bool = False
+    """HibernationOptions.Configured: recorded; roost instances stop, never hibernate."""
 
 
 class InstanceRecord(Msg):
@@ -137,6 +159,9 @@ class InstanceChanges(Msg):
     options: InstanceOptions | None = None
     instance_type: str | None = None
     user_data: str | None = None  # decoded text; "" clears it
+    network: InstanceNetwork | None = None
+    """The recorded network attributes, whole (ModifyInstanceAttribute SourceDestCheck,
+    EbsOptimized): the node stores them and enforces none."""
 
 
 class CommandReply(Msg):
@@ -171,6 +196,9 @@ class CapacitySnapshot(Msg):
     sent_at: float = 0.0  # the node's wall clock, seconds since the epoch
     isolation: str = ""  # "none" | "cgroup" | "sandbox"; "" from a node before isolation
     isolation_note: str = ""  # why isolation is lower than the node was asked for
+    cannot_launch: str = ""
+    """Why the node's driver can launch nothing now (no QEMU): gateways place nothing
+    there, and answer Unsupported, with this, when only such nodes fit."""
 
 
 class TypeInfo(Msg):
@@ -190,7 +218,17 @@ class DescribeTypesReply(Msg):
 
 
 class LaunchLookup(Msg):
-    launch_id: str
+    """One launch id: only the node that holds it answers (a `LaunchReply`). Several
+    (``launch_ids``): every node answers, with a `LaunchesFound`, so the asker stops
+    waiting once each live node has spoken rather than at a timeout."""
+
+    launch_id: str = ""
+    launch_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class LaunchesFound(Msg):
+    node_id: str
+    instances: list[InstanceRecord] = msgspec.field(default_factory=list)
 
 
 class DrainRequest(Msg):
@@ -207,6 +245,20 @@ DEFAULT_OPTIONS = InstanceOptions()
 DEFAULT_NETWORK = InstanceNetwork()
 
 M = TypeVar("M", bound=Msg)
+
+
+class NodeOrder(Msg):
+    """What a lost node must do when it is back (see `subjects.NODE_ORDERS_BUCKET`)."""
+
+    op: Literal["terminate"] = "terminate"
+    reason: str = "Client.UserInitiatedShutdown"
+    note: str = "User initiated"
+    at: str = ""
+
+
+def now_iso() -> str:
+    """Now, as records stamp it: ISO 8601 UTC with milliseconds."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def encode(msg: Msg) -> bytes:

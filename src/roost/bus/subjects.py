@@ -26,6 +26,12 @@ CLIENT_TOKENS_BUCKET = "roost_client_tokens"
 """JetStream KV bucket with a TTL: hash(owner, ClientToken) -> the RunInstances result,
 written by gateways."""
 
+NODE_ORDERS_BUCKET = "roost_node_orders"
+"""JetStream KV bucket: ``<node>.<instance>`` -> a `NodeOrder` for a node that was lost
+when it was given (a deferred terminate), and ``<node>.forgotten`` once an operator ran
+`roost node forget`. Written by gateways and the forget command; carried out and
+deleted by the node."""
+
 NETWORK_BUCKET = "roost_network"
 """JetStream KV bucket: VPC, subnet and security group id -> record, and
 ``sgname.<vpc>.<name>`` -> group id; written by gateways, create or compare-and-set."""
@@ -34,9 +40,18 @@ ADDRESSES_BUCKET = "roost_addresses"
 address; created by the allocating gateway, deleted (by revision) on release."""
 KEY_PAIRS_BUCKET = "roost_key_pairs"
 """JetStream KV bucket: base32 key name -> key pair (public half only); gateways."""
+VOLUMES_BUCKET = "roost_volumes"
+"""JetStream KV bucket: ``vol-…`` -> a volume that lives on its own (created, detached,
+or kept after its instance; deleted ones as tombstones); gateways, create or CAS."""
 LAUNCH_TEMPLATES_BUCKET = "roost_launch_templates"
+ACCOUNTS_BUCKET = "roost_accounts"
+"""Accounts, access keys (secrets sealed with the operator key) and quota usage. Read
+and written by gateways and the operator's CLI only; nodes are denied it."""
 """JetStream KV bucket: ``lt-…`` -> the template with all its versions (compare-and-set),
 ``ltname.<base32 name>`` -> its id (create); written by gateways."""
+IMAGES_BUCKET = "roost_images"
+"""JetStream KV bucket: ``ami-…`` -> a registered image (`roost.domain.images.Image`),
+``aminame.<base32 owner/name>`` -> its id (create); written by gateways."""
 
 _NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -71,3 +86,16 @@ def node_drain(node_id: str) -> str:
 def capacity(node_id: str) -> str:
     """Capacity snapshots: on every change and as a heartbeat."""
     return f"roost.capacity.{node_id}"
+
+
+FORGOTTEN = "forgotten"
+
+
+def node_order(node_id: str, instance_id: str) -> str:
+    """The key of an order for ``node_id`` about ``instance_id`` (or `FORGOTTEN`)."""
+    return f"{node_id}.{instance_id}"
+
+
+def node_orders(node_id: str) -> str:
+    """The keys a node follows for its orders."""
+    return f"{node_id}.>"

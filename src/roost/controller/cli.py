@@ -1,4 +1,4 @@
-"""``roost controller``, ``roost pools`` and ``roost db``.
+"""``roost controller``, ``roost pools``, ``roost api-tokens`` and ``roost db``.
 
 Every controller setting is a flag, a ``ROOST_CONTROLLER_*`` environment variable and a
 key of the ``--config`` TOML file (flags beat the environment, which beats the file).
@@ -26,6 +26,7 @@ from rich.table import Table
 
 from roost.controller import config as cfg
 from roost.decide.snapshot import PoolSpec
+from roost.store import apitokens, roles
 from roost.store import pools as pools_q
 from roost.store.errors import StoreError
 from roost.store.migrations import migrate_dsn
@@ -49,6 +50,10 @@ _HELP = {
     "startup_default": "Replica start-up time assumed until a pool has shown its own.",
     "flap_window": "A pool that grows again this soon after a scale-down waits this long "
                    "before its next one.",
+    "headroom_window": "Seconds of arrival-rate reads that size the headroom kept for "
+                       "recurring bursts.",
+    "headroom_sigmas": "Headroom: room for the arrival rate this many standard deviations "
+                       "(beyond Poisson noise) above its mean (0: off).",
     "growth_period": "Period of each pool's growth bound (growth_replicas/percent).",
     "disruption_period": "Period of each pool's disruption budget "
                          "(disruption_replicas/percent).",
@@ -268,6 +273,52 @@ def pools_delete(pool_id: str, dsn: str, force: bool) -> None:
     click.echo(f"deleted {pool_id}")
 
 
+# ---- roost api-tokens ---------------------------------------------------------------
+
+
+@click.group("api-tokens")
+def api_tokens() -> None:
+    """Bearer tokens for the controller's task API (one pool, or every pool)."""
+
+
+@api_tokens.command("create")
+@click.argument("name")
+@click.option("--pool", "pool_id", default=None,
+              help="The pool the token reaches; without it, every pool (an operator token).")
+@_dsn
+def api_tokens_create(name: str, pool_id: str | None, dsn: str) -> None:
+    """Make a token and print it: the only time it is shown (only its hash is kept)."""
+    try:
+        token = _run(_with_conn(dsn, lambda c: apitokens.create(c, name, pool_id)))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(token)
+
+
+@api_tokens.command("list")
+@_dsn
+@click.option("--json", "as_json", is_flag=True)
+def api_tokens_list(dsn: str, as_json: bool) -> None:
+    """List tokens by name and pool (never the tokens themselves)."""
+    found = _run(_with_conn(dsn, apitokens.list_tokens))
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(t) for t in found], indent=2))
+        return
+    table = Table("name", "pool")
+    for t in found:
+        table.add_row(t.name, t.pool_id or "(every pool)")
+    Console().print(table)
+
+
+@api_tokens.command("revoke")
+@click.argument("name")
+@_dsn
+def api_tokens_revoke(name: str, dsn: str) -> None:
+    """Revoke a token: every controller replica refuses it from the next request on."""
+    _run(_with_conn(dsn, lambda c: apitokens.revoke(c, name)))
+    click.echo(f"revoked {name}")
+
+
 # ---- roost db --------------------------------------------------------------------------
 
 
@@ -288,3 +339,19 @@ def db_migrate(dsn: str) -> None:
         click.echo(f"applied {m.version:04d} {m.name}")
     if not applied:
         click.echo("schema up to date")
+
+
+@db.command("worker-role")
+@_dsn
+def db_worker_role(dsn: str) -> None:
+    """Create the least-privilege role workers connect as (or give it a new password),
+    and print its DSN: what native pools hand enrolled workers (the native settings'
+    ``dsn``) and what a Kubernetes worker's Secret holds. Run as a role that may create
+    roles, after `roost db migrate`."""
+    try:
+        password = roles.new_password()
+        worker = roles.dsn_as(dsn, roles.WORKER_ROLE, password)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--dsn") from None
+    _run(_with_conn(dsn, lambda c: roles.ensure_worker_role(c, password)))
+    click.echo(worker)

@@ -46,6 +46,8 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     drain_horizon: float = PlanSettings().drain_horizon
     startup_default: float = PlanSettings().startup_default
     flap_window: float = PlanSettings().flap_window
+    headroom_window: float = PlanSettings().headroom_window
+    headroom_sigmas: float = PlanSettings().headroom_sigmas
     growth_period: float = PlanSettings().growth_period
     disruption_period: float = PlanSettings().disruption_period
     memory_target_percent: float = 80.0
@@ -102,6 +104,8 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             drain_horizon=self.drain_horizon,
             startup_default=self.startup_default,
             flap_window=self.flap_window,
+            headroom_window=self.headroom_window,
+            headroom_sigmas=self.headroom_sigmas,
             growth_period=self.growth_period,
             disruption_period=self.disruption_period,
             memory_target_percent=self.memory_target_percent,

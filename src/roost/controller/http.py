@@ -2,6 +2,10 @@
 task API (`roost.controller.tasks_api`, served by leader and followers alike), and an
 OpenAPI document describing them all.
 
+Only the task API asks for a bearer token. ``/healthz``, ``/readyz``, ``/metrics``,
+``/status`` and ``/openapi.json`` stay open, for probes and scrapers: they show pool
+names, counts and scaling decisions, never a task's payload or result (docs/security.md).
+
 Every error, including an unknown path, a wrong method or a bad query parameter, is an
 ``application/problem+json`` body (RFC 9457), never an HTML page or a traceback.
 """
@@ -24,8 +28,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from roost.controller import tasks_api
+from roost.controller.adapters.native import NativeOrchestrator
 from roost.controller.loop import Controller
+from roost.controller.orchestrator import OrchestratorUnavailable
 from roost.controller.status import HealthDoc, Problem, StatusDoc, known_pools, status_doc
+from roost.store import roles
 
 log = logging.getLogger("roost.controller.http")
 _POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -83,6 +90,25 @@ def _pool_filter(request: Request, c: Controller) -> set[str] | None:
     return set(wanted)
 
 
+def _enroller(c: Controller) -> tasks_api.Enroller | None:
+    """The worker credential exchange, if a native adapter is served."""
+    native = c.orchestrators.get("native")
+    if not isinstance(native, NativeOrchestrator):
+        return None
+
+    async def enroll(token: str, instance_id: str) -> str | None:
+        try:
+            pool = await native.enroll(token, instance_id)
+        except OrchestratorUnavailable as exc:
+            raise tasks_api.ApiProblem(503, "Gateway unavailable",
+                                       f"cannot check the instance: {exc}; retry") from None
+        if pool is None or not await roles.record_enrollment(c.db, instance_id, pool):
+            return None
+        return native.settings.dsn
+
+    return enroll
+
+
 def build_app(controller: Controller) -> Starlette:
     c = controller
 
@@ -129,7 +155,8 @@ def build_app(controller: Controller) -> Starlette:
             Route("/status", status, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/openapi.json", openapi_doc, methods=["GET"]),
-            *tasks_api.task_routes(c.db, timeout=c.config.io_timeout),
+            *tasks_api.task_routes(c.db, timeout=c.config.io_timeout,
+                                   enroller=_enroller(c)),
         ],
         exception_handlers={HTTPException: http_error, Exception: crash},
     )
@@ -180,7 +207,8 @@ def _openapi() -> bytes:
                                       "responses": {"200": ok({"type": "object"})}}},
             **task_paths,
         },
-        "components": {"schemas": components},
+        "components": {"schemas": components,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
     return msgspec.json.encode(doc)
 

@@ -50,7 +50,8 @@ def build_orchestrators(config: ControllerConfig, clock: Clock) -> dict[str, Orc
         from roost.controller.adapters.native import load_settings as load_native
 
         try:
-            native = load_native(Path(config.native_config), dsn=config.dsn)
+            native = load_native(Path(config.native_config), dsn=config.dsn,
+                                 controller_url=f"http://{config.http_host}:{config.http_port}")
         except ValueError as exc:
             raise SettingError(f"native_config: {exc}") from None
         out["native"] = NativeOrchestrator(native, now=clock.time)

@@ -8,6 +8,18 @@
 - ``GET /api/v1/pools/{pool}``: queued, running, succeeded, failed, and the replicas
   and desired count the leader last published.
 
+**Access.** Every request carries ``Authorization: Bearer <token>``, a token of one
+pool or of every pool (`roost.store.apitokens`). No token, or one that is unknown or
+revoked, is a 401 with ``WWW-Authenticate: Bearer``. A pool or task the token does not
+reach answers exactly as one that does not exist, 404, so a token learns nothing about
+other pools. Task ids are random (``t-`` and 32 hex digits), never the sequential
+database id.
+
+- ``POST /api/v1/worker-credentials``: a native pool's worker exchanges its enrollment
+  token and instance id for its database DSN, once (`roost.controller.enrollment`);
+  403 for anything refused, with no reason given. No bearer token: the enrollment token
+  is the credential.
+
 Protocol only: parse, call `roost.store.tasks`, serialize. Every error is an
 ``application/problem+json`` body; a database that does not answer is a 503, anything
 unexpected a 500 whose id is in the log, never a traceback.
@@ -22,7 +34,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -32,15 +44,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from roost.controller.status import Problem
+from roost.store import apitokens
 from roost.store import tasks as tq
 from roost.store.errors import PoolNotFound
 from roost.store.session import CONNECTION_ERRORS
 
 log = logging.getLogger("roost.controller.tasks_api")
+T = TypeVar("T")
 
 POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 MAX_BODY = 1 << 20
-_MAX_ID = (1 << 63) - 1
+TASK_ID = re.compile(r"t-[0-9a-f]{32}")
 DB_ERRORS = CONNECTION_ERRORS
 _STATUS = {"queued": "queued", "running": "running", "done": "succeeded", "failed": "failed"}
 
@@ -57,14 +71,14 @@ class SubmitTask(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
 
 
 class TaskSubmitted(_Doc):
-    id: int
+    id: str
     pool: str
     created: bool
     """False: the idempotency key named an existing task, returned here."""
 
 
 class TaskDoc(_Doc):
-    id: int
+    id: str
     pool: str
     status: str
     """queued | running | succeeded | failed"""
@@ -75,6 +89,19 @@ class TaskDoc(_Doc):
     idempotency_key: str | None
     created_at: str
     finished_at: str | None
+
+
+class EnrollRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    token: Annotated[str, msgspec.Meta(max_length=300)]
+    instance_id: Annotated[str, msgspec.Meta(max_length=40)]
+
+
+class WorkerCredentials(_Doc):
+    dsn: str
+
+
+Enroller = Callable[[str, str], Awaitable[str | None]]
+"""(enrollment token, instance id) -> the worker DSN, or None when refused."""
 
 
 class WorkerCounts(_Doc):
@@ -97,15 +124,43 @@ class PoolDoc(_Doc):
 
 
 class ApiProblem(Exception):
-    def __init__(self, status: int, title: str, detail: str = "") -> None:
+    def __init__(self, status: int, title: str, detail: str = "", *,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail = status, title, detail
+        self.headers = headers
 
 
-def problem(status: int, title: str, detail: str = "", *, instance: str = "") -> Response:
+def problem(status: int, title: str, detail: str = "", *, instance: str = "",
+            headers: dict[str, str] | None = None) -> Response:
     body = msgspec.json.encode(Problem(title=title, status=status, detail=detail,
                                        instance=instance))
-    return Response(body, status, media_type="application/problem+json")
+    return Response(body, status, headers=headers, media_type="application/problem+json")
+
+
+_CHALLENGE = {"www-authenticate": 'Bearer realm="roost"'}
+
+
+async def _grant(db: Any, request: Request) -> apitokens.Grant:
+    """The caller's grant, or 401. The token itself is never logged nor echoed."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiProblem(401, "Unauthorized", "send Authorization: Bearer <token>",
+                         headers=_CHALLENGE)
+    grant = await apitokens.lookup(db, token.strip())
+    if grant is None:
+        raise ApiProblem(401, "Unauthorized", "the token is unknown or revoked",
+                         headers={"www-authenticate":
+                                  'Bearer realm="roost", error="invalid_token"'})
+    return grant
+
+
+def _unknown_pool(pool: str) -> ApiProblem:
+    return ApiProblem(404, "Unknown pool", f"no pool {pool!r}")
+
+
+def _unknown_task(task_id: str) -> ApiProblem:
+    return ApiProblem(404, "Unknown task", f"no task {task_id}")
 
 
 def _json(body: msgspec.Struct, status: int = 200,
@@ -126,17 +181,15 @@ def _pool_id(request: Request) -> str:
     return pool
 
 
-def _task_id(request: Request) -> int:
+def _task_id(request: Request) -> str:
     raw = str(request.path_params["task_id"])
-    if not raw.isascii() or not raw.isdigit():
-        raise ApiProblem(400, "Invalid task id", f"{raw!r} is not a task id (digits)")
-    task_id = int(raw)
-    if not 0 < task_id <= _MAX_ID:
-        raise ApiProblem(404, "Unknown task", f"no task {raw}")
-    return task_id
+    if not TASK_ID.fullmatch(raw):
+        raise ApiProblem(400, "Invalid task id",
+                         f"{raw[:80]!r} is not a task id ('t-' and 32 hex digits)")
+    return raw
 
 
-async def _body(request: Request) -> SubmitTask:
+async def _body(request: Request, kind: type[T]) -> T:
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise ApiProblem(415, "Unsupported media type", f"send application/json, not {ctype}")
@@ -146,15 +199,16 @@ async def _body(request: Request) -> SubmitTask:
         if len(raw) > MAX_BODY:
             raise ApiProblem(413, "Request too large", f"the body is over {MAX_BODY} bytes")
     try:
-        return msgspec.json.decode(raw, type=SubmitTask)
+        return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise ApiProblem(400, "Invalid task", str(exc)) from None
+        raise ApiProblem(400, "Invalid task" if kind is SubmitTask else "Invalid request",
+                         str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiProblem(400, "Invalid JSON", str(exc)) from None
 
 
 def _task_doc(t: tq.Task) -> TaskDoc:
-    return TaskDoc(t.task_id, t.pool_id, _STATUS[t.status], t.attempts, t.max_attempts,
+    return TaskDoc(t.public_id, t.pool_id, _STATUS[t.status], t.attempts, t.max_attempts,
                    t.result, t.error, t.idempotency_key, _iso(t.created_at) or "",
                    _iso(t.finished_at))
 
@@ -162,8 +216,10 @@ def _task_doc(t: tq.Task) -> TaskDoc:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def task_routes(db: Any, *, timeout: float = 10.0) -> list[Route]:
-    """The task API's routes over ``db`` (an asyncpg pool), to mount in an app."""
+def task_routes(db: Any, *, timeout: float = 10.0,
+                enroller: Enroller | None = None) -> list[Route]:
+    """The task API's routes over ``db`` (an asyncpg pool), to mount in an app; with
+    ``enroller``, also the worker credential exchange."""
 
     def guarded(fn: Callable[[Request], Awaitable[Response]]) -> Endpoint:
         @functools.wraps(fn)
@@ -171,7 +227,8 @@ def task_routes(db: Any, *, timeout: float = 10.0) -> list[Route]:
             try:
                 return await asyncio.wait_for(fn(request), timeout)
             except ApiProblem as exc:
-                return problem(exc.status, exc.title, exc.detail, instance=request.url.path)
+                return problem(exc.status, exc.title, exc.detail, instance=request.url.path,
+                               headers=exc.headers)
             except DB_ERRORS as exc:
                 log.warning("database error serving %s: %s", request.url.path, exc)
                 return problem(503, "Database unavailable",
@@ -186,41 +243,61 @@ def task_routes(db: Any, *, timeout: float = 10.0) -> list[Route]:
 
     @guarded
     async def submit(request: Request) -> Response:
+        grant = await _grant(db, request)
         pool = _pool_id(request)
-        body = await _body(request)
+        if not grant.reaches(pool):
+            raise _unknown_pool(pool)
+        body = await _body(request, SubmitTask)
         try:
             s = await tq.submit(db, pool, body.payload, idempotency_key=body.idempotency_key,
                                 max_attempts=body.max_attempts)
         except PoolNotFound:
-            raise ApiProblem(404, "Unknown pool", f"no pool {pool!r}") from None
+            raise _unknown_pool(pool) from None
         except tq.IdempotencyConflict as exc:
             raise ApiProblem(409, "Idempotency key reused", str(exc)) from None
         except ValueError as exc:  # NaN/Infinity decoded from the body are not JSON
             raise ApiProblem(400, "Invalid task", str(exc)) from None
-        location = f"/api/v1/tasks/{s.task_id}"
-        return _json(TaskSubmitted(s.task_id, pool, s.created), 201 if s.created else 200,
+        location = f"/api/v1/tasks/{s.public_id}"
+        return _json(TaskSubmitted(s.public_id, pool, s.created), 201 if s.created else 200,
                      {"location": location})
 
     @guarded
     async def get_task(request: Request) -> Response:
+        grant = await _grant(db, request)
         task_id = _task_id(request)
         try:
-            return _json(_task_doc(await tq.get_task(db, task_id)))
+            task = await tq.get_task(db, task_id)
         except tq.TaskNotFound:
-            raise ApiProblem(404, "Unknown task", f"no task {task_id}") from None
+            raise _unknown_task(task_id) from None
+        if not grant.reaches(task.pool_id):
+            raise _unknown_task(task_id)  # as if it did not exist: nothing leaks
+        return _json(_task_doc(task))
 
     @guarded
     async def get_pool(request: Request) -> Response:
+        grant = await _grant(db, request)
         pool = _pool_id(request)
+        if not grant.reaches(pool):
+            raise _unknown_pool(pool)
         try:
             p = await tq.pool_summary(db, pool)
         except PoolNotFound:
-            raise ApiProblem(404, "Unknown pool", f"no pool {pool!r}") from None
+            raise _unknown_pool(pool) from None
         return _json(PoolDoc(p.pool_id, p.queued, p.running, p.succeeded, p.failed,
                              p.replicas, p.desired, _iso(p.desired_valid_until),
                              WorkerCounts(p.active_workers, p.draining_workers)))
 
+    @guarded
+    async def worker_credentials(request: Request) -> Response:
+        body = await _body(request, EnrollRequest)
+        dsn = None if enroller is None else await enroller(body.token, body.instance_id)
+        if dsn is None:
+            log.warning("worker enrollment refused for instance %r", body.instance_id[:40])
+            raise ApiProblem(403, "Enrollment refused")
+        return _json(WorkerCredentials(dsn), headers={"cache-control": "no-store"})
+
     return [
+        Route("/api/v1/worker-credentials", worker_credentials, methods=["POST"]),
         Route("/api/v1/pools/{pool}/tasks", submit, methods=["POST"]),
         Route("/api/v1/tasks/{task_id}", get_task, methods=["GET"]),
         Route("/api/v1/pools/{pool}", get_pool, methods=["GET"]),
@@ -229,9 +306,11 @@ def task_routes(db: Any, *, timeout: float = 10.0) -> list[Route]:
 
 def openapi_fragment() -> tuple[dict[str, Any], dict[str, Any]]:
     """(paths, component schemas) of the task API, to merge into an OpenAPI document."""
-    (submit_ref, submitted_ref, task_ref, pool_ref, problem_ref), components = (
+    (submit_ref, submitted_ref, task_ref, pool_ref, problem_ref, enroll_ref,
+     creds_ref), components = (
         msgspec.json.schema_components(
-            (SubmitTask, TaskSubmitted, TaskDoc, PoolDoc, Problem),
+            (SubmitTask, TaskSubmitted, TaskDoc, PoolDoc, Problem, EnrollRequest,
+             WorkerCredentials),
             ref_template="#/components/schemas/{name}",
         )
     )
@@ -246,18 +325,32 @@ def openapi_fragment() -> tuple[dict[str, Any], dict[str, Any]]:
     pool_param = {"name": "pool", "in": "path", "required": True,
                   "schema": {"type": "string", "pattern": POOL_ID.pattern}}
     unavailable = err("The database did not answer; retry later")
+    unauthorized = err("No bearer token, or one that is unknown or revoked")
+    bearer: list[dict[str, list[str]]] = [{"bearer": []}]
     paths = {
+        "/api/v1/worker-credentials": {"post": {
+            "summary": "A native pool's worker exchanges its enrollment token (from its "
+                       "user data) and instance id for its database DSN, once.",
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": enroll_ref}}},
+            "responses": {"200": ok(creds_ref), "400": err("Invalid JSON or field"),
+                          "403": err("Refused: a bad token, an instance that is not a "
+                                     "fresh one of the pool, or one that enrolled before"),
+                          "503": unavailable},
+        }},
         "/api/v1/pools/{pool}/tasks": {"post": {
             "summary": "Submit a task. With an idempotency key, a repeat returns the "
                        "existing task instead of queueing another.",
             "parameters": [pool_param],
+            "security": bearer,
             "requestBody": {"required": True,
                             "content": {"application/json": {"schema": submit_ref}}},
             "responses": {
                 "201": ok(submitted_ref, "Queued"),
                 "200": ok(submitted_ref, "An existing task with this idempotency key"),
                 "400": err("Invalid JSON, pool id or field"),
-                "404": err("Unknown pool"),
+                "401": unauthorized,
+                "404": err("Unknown pool, or one the token does not reach"),
                 "409": err("The idempotency key belongs to a task with another payload"),
                 "413": err("Body over 1 MiB"),
                 "415": err("Not JSON"),
@@ -268,16 +361,23 @@ def openapi_fragment() -> tuple[dict[str, Any], dict[str, Any]]:
             "summary": "A task: status (queued, running, succeeded, failed), attempts, "
                        "result and last error.",
             "parameters": [{"name": "task_id", "in": "path", "required": True,
-                            "schema": {"type": "integer", "minimum": 1}}],
+                            "schema": {"type": "string", "pattern": TASK_ID.pattern}}],
+            "security": bearer,
             "responses": {"200": ok(task_ref), "400": err("Invalid task id"),
-                          "404": err("Unknown task"), "503": unavailable},
+                          "401": unauthorized,
+                          "404": err("Unknown task, or one of a pool the token does not "
+                                     "reach"),
+                          "503": unavailable},
         }},
         "/api/v1/pools/{pool}": {"get": {
             "summary": "A pool's task counts, and the replicas and desired count the "
                        "leader last published.",
             "parameters": [pool_param],
+            "security": bearer,
             "responses": {"200": ok(pool_ref), "400": err("Invalid pool id"),
-                          "404": err("Unknown pool"), "503": unavailable},
+                          "401": unauthorized,
+                          "404": err("Unknown pool, or one the token does not reach"),
+                          "503": unavailable},
         }},
     }
     return paths, components

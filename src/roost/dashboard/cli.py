@@ -8,6 +8,8 @@ import signal
 
 import click
 
+from roost.bus.auth import NatsAuth
+from roost.bus.options import nats_creds_option
 from roost.dashboard.access import BindRefused
 from roost.dashboard.server import DEFAULT_PORT, Dashboard, DashboardConfig
 from roost.gateway.cli import parse_credentials
@@ -37,9 +39,10 @@ from roost.gateway.cli import parse_credentials
               help="Seconds between samples and live updates.")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def dashboard(nats_urls: tuple[str, ...], controller_url: str, gateway_metrics: str,
-              ec2_endpoint: str, host: str, port: int, credentials: tuple[str, ...],
-              interval: float, log_level: str) -> None:
+@nats_creds_option
+def dashboard(nats_urls: tuple[str, ...], nats_auth: NatsAuth | None, controller_url: str,
+              gateway_metrics: str, ec2_endpoint: str, host: str, port: int,
+              credentials: tuple[str, ...], interval: float, log_level: str) -> None:
     """Serve the web dashboard for a cluster: capacity, GPUs, instances, pools, events.
 
     Read-only unless --credentials is given; then the Nodes page can drain a node.
@@ -49,7 +52,7 @@ def dashboard(nats_urls: tuple[str, ...], controller_url: str, gateway_metrics: 
     config = DashboardConfig(nats_urls=list(nats_urls), controller_url=controller_url,
                              host=host, port=port, credentials=parse_credentials(credentials),
                              ec2_endpoint=ec2_endpoint, gateway_metrics_url=gateway_metrics,
-                             interval=interval)
+                             interval=interval, nats_auth=nats_auth)
     try:
         board = Dashboard(config)
     except BindRefused as exc:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
+from roost.bus.auth import NatsAuth
 from roost.dashboard.access import check_bind
 from roost.dashboard.app import DashboardSettings, build_app
 from roost.dashboard.history import History
@@ -36,6 +37,8 @@ class DashboardConfig:
     gateway_metrics_url: str = ""
     interval: float = DEFAULT_INTERVAL
     """Seconds between samples (and live updates)."""
+    nats_auth: NatsAuth | None = None
+    """The dashboard's NATS user (it drains nodes and stops instances: an admin one)."""
 
     def check(self) -> None:
         check_bind(self.host, self.credentials)
@@ -56,7 +59,8 @@ class Dashboard:
                  launches: Callable[[], LaunchCounters] | None = None) -> None:
         config.check()
         self.config = config
-        self.source = LiveSource(config.nats_urls, controller_url=config.controller_url,
+        self.source = LiveSource(config.nats_urls, nats_auth=config.nats_auth,
+                                 controller_url=config.controller_url,
                                  gateway_metrics_url=config.gateway_metrics_url,
                                  launches=launches)
         self.recorder = Recorder(self.source, History(), interval=config.interval)

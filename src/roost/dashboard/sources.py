@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect, key_value
 from roost.bus.schemas import (
     CapacitySnapshot,
@@ -146,11 +147,13 @@ class LiveSource:
     """Follows a cluster over NATS; polls the controller (and, if given, a gateway's
     /metrics) on `refresh`."""
 
-    def __init__(self, nats_urls: Sequence[str], *, controller_url: str = "",
+    def __init__(self, nats_urls: Sequence[str], *, nats_auth: NatsAuth | None = None,
+                 controller_url: str = "",
                  gateway_metrics_url: str = "",
                  launches: Callable[[], LaunchCounters] | None = None,
                  timeout: float = 3.0) -> None:
         self.nats_urls = list(nats_urls)
+        self.nats_auth = nats_auth
         self.controller_url = controller_url.rstrip("/")
         self.gateway_metrics_url = gateway_metrics_url
         self._launches_fn = launches
@@ -165,7 +168,8 @@ class LiveSource:
         self._cached: tuple[float, ClusterState] | None = None
 
     async def start(self, *, sync_timeout: float = 15.0) -> None:
-        self._nc = nc = await connect(self.nats_urls, name="roost-dashboard")
+        self._nc = nc = await connect(self.nats_urls, name="roost-dashboard",
+                                      auth=self.nats_auth)
         loop = asyncio.get_running_loop()
         self._view = view = CapacityView(loop.time)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))

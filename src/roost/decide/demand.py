@@ -17,14 +17,30 @@ This model sizes to the *work*, with what the pool already has counted as capaci
 - ``effective = min(queued + running, ceil(load + backlog))``: never more than the
   old rule asked for.
 
+Two more figures go to the plan's windows (`roost.decide.plan`):
+
+- ``overdue = left``: backlog that will not clear before a new replica could start.
+  While there is some, the scale-up window is skipped: waiting it out would only let
+  the queue grow (the window is there to ignore noise, and this is not noise);
+- ``reserve``, the **headroom**: room for the arrival rate's short-horizon peak,
+  ``min(mean + headroom_sigmas x sd, highest)`` of the rates read over
+  `PlanSettings.headroom_window`, times the service time. ``sd`` counts only the
+  variance beyond what Poisson arrivals at the mean show over the rate window
+  (``mean / rate_window``): the target per replica already absorbs that. It holds only
+  for bursts that recur (the reads rose above ``mean + sd`` at least twice, apart, or
+  the pool is flapping), and it only stops a scale-down: it never makes a pool grow.
+  Bursts shorter than a start-up find room instead of a shrunk pool; a step down is not
+  held at its old level.
+
 The plan divides ``effective`` by the pool's target per replica, the same target the
 old rule and HPA use, so the utilisation aimed at is unchanged. Without a rate or a
 service time (a new pool, or a controller that could not read them) the model falls
 back to ``queued + running``.
 
 Estimates the model carries from tick to tick (`Estimates`, kept in the plan's history):
-the service time's moving average and the replica start-up time, measured from the
-orchestrator's view: a replica slot seen not ready is timed until a replica turns ready.
+the service time's moving average, the replica start-up time, measured from the
+orchestrator's view (a replica slot seen not ready is timed until a replica turns
+ready), and the arrival rates read over the headroom window.
 """
 
 from __future__ import annotations
@@ -39,6 +55,20 @@ STARTUP_WEIGHT = 0.3
 
 
 @dataclass(frozen=True, slots=True)
+class Peak:
+    """The short-horizon peak of the arrival rate: ``min(mean + headroom_sigmas x sd,
+    highest)`` of the rates read over the headroom window. A quantile of what arrived,
+    never above what was seen: a step's own variance does not lift it past the step."""
+
+    mean: float
+    sd: float
+    highest: float
+    rate: float
+    recurs: bool = False
+    """The reads rose above ``mean + sd`` at least twice, apart: bursts that come back."""
+
+
+@dataclass(frozen=True, slots=True)
 class Estimates:
     service: float | None = None
     """Moving average of the service time, seconds."""
@@ -49,6 +79,8 @@ class Estimates:
     """When each replica slot now starting was first seen not ready, oldest first."""
     ready: int | None = None
     """Ready replicas last seen."""
+    rates: tuple[tuple[float, float], ...] = ()
+    """``(time, arrival rate)`` read over the last `PlanSettings.headroom_window`."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -75,7 +107,26 @@ class Estimates:
             if len(slots) < starting:
                 slots += [now] * (starting - len(slots))
             since, ready = tuple(slots[:starting]), now_ready
-        return Estimates(service, service_at, startup, since, ready)
+        rates = tuple((t, r) for t, r in self.rates if t > now - s.headroom_window)
+        if demand is not None and demand.arrival_rate is not None:
+            rates += ((now, demand.arrival_rate),)
+        return Estimates(service, service_at, startup, since, ready, rates)
+
+    def peak_rate(self, s: PlanSettings) -> Peak | None:
+        """The arrival rate to hold capacity for (see `Peak`); None before two reads."""
+        if len(self.rates) < 2 or s.headroom_sigmas <= 0:
+            return None
+        xs = [r for _, r in self.rates]
+        mean = sum(xs) / len(xs)
+        var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+        # Poisson arrivals at the mean would vary by mean / window on their own: the
+        # target per replica absorbs that, so only the variance beyond it is burstiness.
+        sd = math.sqrt(max(0.0, var - mean / s.rate_window))
+        # separate excursions above mean + sd: a burst that came back, not one step
+        above = [x > mean + sd for x in xs]
+        bursts = sum(1 for i, hi in enumerate(above) if hi and (i == 0 or not above[i - 1]))
+        return Peak(mean, sd, max(xs), min(mean + s.headroom_sigmas * sd, max(xs)),
+                    sd > 0 and bursts >= 2)
 
     def startup_time(self, s: PlanSettings) -> float:
         return self.startup if self.startup is not None else s.startup_default
@@ -87,6 +138,14 @@ class Sizing:
     """Outstanding tasks the pool should be sized for (queued + running, or less)."""
     explain: tuple[str, ...]
     """Every input and step, for /status."""
+    reserve: int = 0
+    """Tasks the pool keeps room for when it scales down (the headroom): it never
+    shrinks below them, and they never make it grow."""
+    recurs: bool = False
+    """The arrival rate burst more than once over the headroom window."""
+    overdue: float = 0.0
+    """Backlog the pool's replicas (starting ones included) will not clear before a new
+    replica could start: waiting out the scale-up window would only let it grow."""
 
 
 def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
@@ -108,6 +167,10 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     left = max(0.0, q - spare * startup)
     backlog = left * service / s.drain_horizon
     effective = min(outstanding, math.ceil(load + backlog - 1e-9))
+    peak = est.peak_rate(s)
+    reserve = 0
+    if peak is not None:
+        reserve = math.ceil(peak.rate * service - 1e-9)
     lines += [
         f"arrivals {rate:.3g}/s over {s.rate_window:g}s, service {service:.3g}s, "
         f"start-up {startup:.3g}s ({known})",
@@ -117,4 +180,11 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"backlog term = left x service / {s.drain_horizon:g}s horizon = {backlog:.3g} tasks",
         f"size for min(queued + running, ceil(load + backlog)) = {effective} tasks",
     ]
-    return Sizing(effective, tuple(lines))
+    if peak is not None:
+        lines.append(
+            f"headroom: arrivals over {s.headroom_window:g}s: mean {peak.mean:.3g}/s, sd "
+            f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s; hold room for min(mean + "
+            f"{s.headroom_sigmas:g} sd, highest) = {peak.rate:.3g}/s x service = {reserve} "
+            "tasks")
+        lines.append(f"scale down no lower than the headroom: {reserve} tasks")
+    return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left)

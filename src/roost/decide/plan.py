@@ -206,14 +206,14 @@ def down_window(current: int, hist: PoolHistory, now: float, s: PlanSettings) ->
     return base
 
 
-def _windowed(p: PoolInputs, hist: PoolHistory, current: int, effective: int, now: float,
+def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, now: float,
               s: PlanSettings) -> tuple[int, str]:
     """Replicas demand justifies after the windows, before min/max and caps."""
     assert p.demand is not None
     target = p.spec.target_per_replica
-    raw = raw_desired(effective, target)
+    raw = raw_desired(sizing.effective, target)
     flapping = hist.flap_until is not None and now < hist.flap_until
-    up_wait = 0.0 if flapping else s.scale_up_window
+    up_wait = 0.0 if flapping or sizing.overdue > 0 else s.scale_up_window
     up = hist.window(now, up_wait)
     wait = down_window(current, hist, now, s)
     down = hist.window(now, wait)
@@ -232,6 +232,14 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, effective: int, no
                             f"{wait:.0f}s"
         if p.demand.queued:
             return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
+        # Room is held only for demand that recurs (the flap guard's signal): after a
+        # step down, the old level's reads would otherwise hold it for the whole window.
+        room = raw_desired(sizing.reserve, target) if flapping or sizing.recurs else 0
+        if room >= current:
+            return current, f"headroom: {sizing.reserve} tasks of room hold {current}"
+        if room > high:
+            return room, f"demand below {current} for {wait:.0f}s, queue empty; headroom " \
+                         f"keeps {room}"
         return high, f"demand below {current} for {wait:.0f}s, queue empty"
     return current, "demand matches replicas"
 
@@ -294,7 +302,7 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
     frozen = global_freeze or _pool_freeze(p, now, s)
     if frozen or current is None or sizing is None:
         return _Draft(p, hist, current, raw, current, frozen, "frozen", explain)
-    wanted, reason = _windowed(p, hist, current, sizing.effective, now, s)
+    wanted, reason = _windowed(p, hist, current, sizing, now, s)
     spec = p.spec
     clamped = min(max(wanted, spec.min_replicas), spec.max_replicas)
     if clamped != wanted:

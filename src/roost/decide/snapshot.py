@@ -137,8 +137,9 @@ class Infra:
     observed_at: float
     removal_batch: int | None = None
     """The most replicas the orchestrator removes safely in one request (None: any
-    number). The Kubernetes adapter can verify one marked pod per scale-down, so it
-    says 1: drains still run in parallel, removals go one per tick."""
+    number, as every adapter roost ships says: the Kubernetes one verifies each marked
+    pod of a batch). An adapter that can verify only one at a time says 1: drains still
+    run in parallel, removals then go one per tick."""
 
     @property
     def settled(self) -> bool:
@@ -226,16 +227,24 @@ class PlanSettings:
     flap_window: float = 300.0
     """A pool that grows again within this long of a scale-down waits this long (HPA's
     stabilization) before its next scale-down, for as long again."""
+    headroom_window: float = 600.0
+    """The arrival rates read over this long size the headroom: twice HPA's 300 s
+    stabilization, so that bursts up to 300 s apart are seen at least twice (the
+    headroom holds only for bursts that recur)."""
+    headroom_sigmas: float = 2.0
+    """The pool holds capacity for the arrival rate this many standard deviations above
+    its mean over `headroom_window` (a one-sided normal quantile: 2 is about 97.7 %), so
+    that a burst finds room before a new replica could start. 0 turns it off."""
 
     def validate(self) -> None:
         """Raise ValueError on settings that would make the plan meaningless."""
         for name in ("scale_up_window", "scale_down_window", "drain_timeout",
                      "max_input_age", "heartbeat_timeout", "service_smoothing",
-                     "startup_default"):
+                     "startup_default", "headroom_sigmas"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("rate_window", "drain_horizon", "growth_period", "disruption_period",
-                     "flap_window"):
+                     "flap_window", "headroom_window"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.small_pool_replicas < 1:

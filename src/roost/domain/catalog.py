@@ -99,6 +99,15 @@ _T3 = {
     "xlarge": (4, 16),
     "2xlarge": (8, 32),
 }
+_T2 = {
+    "nano": (1, 0.5),
+    "micro": (1, 1),
+    "small": (1, 2),
+    "medium": (2, 4),
+    "large": (2, 8),
+    "xlarge": (4, 16),
+    "2xlarge": (8, 32),
+}
 # g5: NVIDIA A10G. (name, vCPU, GiB, GPUs)
 _G5 = [
     ("g5.xlarge", 4, 16, 1),
@@ -124,6 +133,11 @@ def _builtin() -> list[InstanceType]:
         types.append(InstanceType(name, vcpu * 1000, gib * 1024, gpu_milli=milli))
     # EC2's default when RunInstances names no type: 1 vCPU, 1.7 GiB.
     types.append(InstanceType("m1.small", 1000, 1740))
+    # Earlier generations that everyday boto3 and Terraform code still names, with EC2's
+    # shapes: t2 (burstable), t1.micro (0.613 GiB) and m1.medium (3.75 GiB).
+    types += [InstanceType(f"t2.{s}", v * 1000, round(g * 1024)) for s, (v, g) in _T2.items()]
+    types.append(InstanceType("t1.micro", 1000, 628))
+    types.append(InstanceType("m1.medium", 1000, 3840))
     return types
 
 

@@ -9,6 +9,11 @@ RoostError
  │    ├── InvalidInstanceIDMalformed 400  InvalidInstanceID.Malformed
  │    ├── InvalidInstanceIDNotFound  400  InvalidInstanceID.NotFound
  │    ├── InvalidAMIIDNotFound       400  InvalidAMIID.NotFound
+ │    ├── InvalidAMIIDMalformed      400  InvalidAMIID.Malformed
+ │    ├── InvalidAMIIDUnavailable    400  InvalidAMIID.Unavailable: no node can boot it
+ │    ├── InvalidAMINameDuplicate    400  InvalidAMIName.Duplicate
+ │    ├── InvalidAMINameMalformed    400  InvalidAMIName.Malformed
+ │    ├── Unsupported                400  no node's driver can run the launch
  │    ├── InvalidID                  400  a resource id of no kind roost knows
  │    ├── IncorrectInstanceState     400
  │    ├── OperationNotPermitted      400  termination or stop protection
@@ -41,6 +46,13 @@ RoostError
  │    ├── InvalidBlockDeviceMapping  400  InvalidBlockDeviceMapping
  │    ├── CannotDelete               400  CannotDelete
  │    ├── InvalidVolumeNotFound      400  InvalidVolume.NotFound
+ │    ├── InvalidVolumeIDMalformed   400  InvalidVolumeID.Malformed
+ │    ├── InvalidVolumeZoneMismatch  400  InvalidVolume.ZoneMismatch
+ │    ├── VolumeInUse                400  VolumeInUse
+ │    ├── IncorrectState             400  IncorrectState (a volume's state)
+ │    ├── InvalidAttachmentNotFound  400  InvalidAttachment.NotFound
+ │    ├── InvalidZoneNotFound        400  InvalidZone.NotFound
+ │    ├── InvalidRequest             400  InvalidRequest
  │    ├── TemplateNameExists         400  InvalidLaunchTemplateName.AlreadyExistsException
  │    ├── TemplateNameMalformed      400  InvalidLaunchTemplateName.MalformedException
  │    ├── TemplateNameNotFound       400  InvalidLaunchTemplateName.NotFoundException
@@ -51,6 +63,8 @@ RoostError
  │    ├── InvalidRouteTableIDNotFound 400  InvalidRouteTableID.NotFound
  │    ├── InvalidNetworkAclIDNotFound 400  InvalidNetworkAclID.NotFound
  │    ├── InvalidParameter           400  InvalidParameter
+ │    ├── VcpuLimitExceeded          400  an account's vCPU (or GPU) quota
+ │    ├── InstanceLimitExceeded      400  an account's instance-count quota
  │    ├── AuthFailure                401
  │    ├── RequestExpired             400
  │    └── DryRunOperation            412  (EC2 reports a successful dry run as an error)
@@ -108,6 +122,26 @@ class InvalidInstanceIDNotFound(ClientError):
 
 class InvalidAMIIDNotFound(ClientError):
     code = "InvalidAMIID.NotFound"
+
+
+class InvalidAMIIDMalformed(ClientError):
+    code = "InvalidAMIID.Malformed"
+
+
+class InvalidAMIIDUnavailable(ClientError):
+    code = "InvalidAMIID.Unavailable"
+
+
+class InvalidAMINameDuplicate(ClientError):
+    code = "InvalidAMIName.Duplicate"
+
+
+class InvalidAMINameMalformed(ClientError):
+    code = "InvalidAMIName.Malformed"
+
+
+class Unsupported(ClientError):
+    code = "Unsupported"
 
 
 class InvalidID(ClientError):
@@ -247,6 +281,34 @@ class InvalidVolumeNotFound(ClientError):
     code = "InvalidVolume.NotFound"
 
 
+class InvalidVolumeIDMalformed(ClientError):
+    code = "InvalidVolumeID.Malformed"
+
+
+class InvalidVolumeZoneMismatch(ClientError):
+    code = "InvalidVolume.ZoneMismatch"
+
+
+class VolumeInUse(ClientError):
+    code = "VolumeInUse"
+
+
+class IncorrectState(ClientError):
+    code = "IncorrectState"
+
+
+class InvalidAttachmentNotFound(ClientError):
+    code = "InvalidAttachment.NotFound"
+
+
+class InvalidZoneNotFound(ClientError):
+    code = "InvalidZone.NotFound"
+
+
+class InvalidRequest(ClientError):
+    code = "InvalidRequest"
+
+
 class TemplateNameExists(ClientError):
     code = "InvalidLaunchTemplateName.AlreadyExistsException"
 
@@ -285,6 +347,14 @@ class InvalidNetworkAclIDNotFound(ClientError):
 
 class InvalidParameter(ClientError):
     code = "InvalidParameter"
+
+
+class VcpuLimitExceeded(ClientError):
+    code = "VcpuLimitExceeded"
+
+
+class InstanceLimitExceeded(ClientError):
+    code = "InstanceLimitExceeded"
 
 
 class DryRunOperation(ClientError):

@@ -25,6 +25,7 @@ class NatsServer:
         cluster_port: int | None = None,
         routes: list[str] | None = None,
         jetstream: bool = True,
+        config_file: Path | None = None,
     ) -> None:
         self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-nats-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -33,6 +34,8 @@ class NatsServer:
         self.cluster_port = cluster_port
         self.routes = routes or []
         self.jetstream = jetstream
+        self.config_file = config_file
+        """A nats-server config (users and permissions, TLS); the flags below win."""
         self.log = self.dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -45,8 +48,10 @@ class NatsServer:
         return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
-        cmd = [
-            str(find_script("nats-server")),
+        cmd = [str(find_script("nats-server"))]
+        if self.config_file is not None:
+            cmd += ["-c", str(self.config_file)]
+        cmd += [
             "-a", "127.0.0.1",
             "-p", str(self.port),
             "-n", self.name,

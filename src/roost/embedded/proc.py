@@ -121,3 +121,12 @@ def live_process_named(pid: int, name: str) -> bool:
     comm = raw[raw.index("(") + 1:raw.rindex(")")]
     state = raw[raw.rindex(")") + 2:].split()[0]
     return state not in ("Z", "X") and comm == name
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read (0600 from its creation on, so it
+    is never readable by others, not even for a moment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    path.chmod(0o600)

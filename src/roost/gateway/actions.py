@@ -9,8 +9,10 @@ from __future__ import annotations
 from roost.gateway import render
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
+from roost.gateway.imageactions import IMAGE_ACTIONS
 from roost.gateway.ltactions import TEMPLATE_ACTIONS, expand
 from roost.gateway.netactions import NETWORK_ACTIONS
+from roost.gateway.volactions import VOLUME_ACTIONS, devices_of
 from roost.gateway.vpcextras import VPC_EXTRA_ACTIONS
 
 
@@ -18,11 +20,11 @@ async def run_instances(c: Call) -> str:
     params, stamps = expand(c.service.templates, c.params)
     reservation = await c.service.run_instances(rq.parse_run_instances(params, stamps))
     return render.run_instances(reservation, c.service.types.all(), c.request_id,
-                                c.service.net.group_names())
+                                c.service.net.group_names(), devices_of(c.service.volumes))
 
 
 async def terminate_instances(c: Call) -> str:
-    changes = await c.service.change_state("terminate", rq.parse_instance_ids(c.params))
+    changes = await c.service.change_state("terminate", rq.parse_terminate_instances(c.params))
     return render.state_changes("TerminateInstances", changes, c.request_id)
 
 
@@ -39,7 +41,7 @@ async def start_instances(c: Call) -> str:
 async def describe_instances(c: Call) -> str:
     page = await c.reads.describe_instances(rq.parse_describe_instances(c.params))
     return render.describe_instances(page, c.service.types.all(), c.request_id,
-                                     c.service.net.group_names())
+                                     c.service.net.group_names(), devices_of(c.service.volumes))
 
 
 async def describe_instance_status(c: Call) -> str:
@@ -60,11 +62,6 @@ async def describe_availability_zones(c: Call) -> str:
 async def describe_regions(c: Call) -> str:
     regions = c.reads.describe_regions(rq.parse_describe_named(c.params, "RegionName"))
     return render.regions(regions, c.request_id)
-
-
-async def describe_images(c: Call) -> str:
-    images = c.reads.describe_images(rq.parse_describe_named(c.params, "ImageId"))
-    return render.images(images, c.service.site.owner_id, c.request_id)
 
 
 async def create_tags(c: Call) -> str:
@@ -140,7 +137,6 @@ ACTIONS: dict[str, Action] = {
     "DescribeInstanceTypes": describe_instance_types,
     "DescribeAvailabilityZones": describe_availability_zones,
     "DescribeRegions": describe_regions,
-    "DescribeImages": describe_images,
     "CreateTags": create_tags,
     "DeleteTags": delete_tags,
     "DescribeTags": describe_tags,
@@ -154,5 +150,7 @@ ACTIONS: dict[str, Action] = {
     "DescribeAccountAttributes": describe_account_attributes,
     **NETWORK_ACTIONS,
     **TEMPLATE_ACTIONS,
+    **IMAGE_ACTIONS,
     **VPC_EXTRA_ACTIONS,
+    **VOLUME_ACTIONS,
 }

@@ -37,6 +37,7 @@ from roost.gateway.query import Params, parse_form
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import DRY_RUN, Ec2Service
 from roost.gateway.sigv4 import SignedRequest, SigV4Verifier
+from roost.gateway.tenancy import Caller, acting_as
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class AppParts:
     service: Ec2Service
     reads: Ec2Reads
     verifier: SigV4Verifier | None  # None: --no-auth
+    callers: Callable[[str], Caller] | None = None
+    """Access key id -> the account it acts for; None: nobody is scoped (--no-auth)."""
 
 
 async def _body(request: Request) -> bytes:
@@ -88,8 +91,10 @@ def ec2_endpoint(parts: AppParts) -> Endpoint:
         action = "unknown"
         try:
             body = await _body(request)
+            who = None
             if parts.verifier is not None:
-                parts.verifier.verify(signed_request(request, body))
+                key_id = parts.verifier.verify(signed_request(request, body))
+                who = parts.callers(key_id) if parts.callers is not None else None
             pairs = parse_form(body, request.scope.get("query_string", b"").decode("latin-1"))
             name = pairs.get("Action", "")
             if not name:
@@ -103,7 +108,8 @@ def ec2_endpoint(parts: AppParts) -> Endpoint:
                 # EC2 answers a dry run from the caller's permissions alone, before it
                 # reads any other parameter; roost's caller may do anything it signs.
                 raise DryRunOperation(DRY_RUN)
-            text = await handler(Call(params, request_id, parts.service, parts.reads))
+            with acting_as(who):
+                text = await handler(Call(params, request_id, parts.service, parts.reads))
             status, code = 200, "ok"
         except RoostError as err:
             text, status, code = xml.error(err, request_id), err.http_status, err.code
@@ -122,13 +128,16 @@ def signed_only(parts: AppParts, endpoint: Endpoint) -> Endpoint:
     """Wrap an admin endpoint so that it answers only SigV4-signed requests."""
 
     async def guarded(request: Request) -> Response:
+        who = None
         if parts.verifier is not None:
             try:
-                parts.verifier.verify(signed_request(request, await _body(request)))
+                key_id = parts.verifier.verify(signed_request(request, await _body(request)))
             except RoostError as err:
                 return JSONResponse({"error": err.code, "message": err.message},
                                     err.http_status)
-        return await endpoint(request)
+            who = parts.callers(key_id) if parts.callers is not None else None
+        with acting_as(who):  # the instances it lists are the caller's, as in EC2 calls
+            return await endpoint(request)
 
     return guarded
 

@@ -132,13 +132,24 @@ class CapacityView:
         now = self._clock()
         out = []
         for node_id, n in self._nodes.items():
-            if not self._live(n, now) or (zone and n.snap.availability_zone != zone):
+            if (not self._live(n, now) or (zone and n.snap.availability_zone != zone)
+                    or n.snap.cannot_launch):
                 continue
             held = [*n.inflight.values(), *(t for t, _ in n.settling.values())]
             free = _less(_free(n.snap), held)
             alloc = Resources(n.snap.alloc_cpu_milli, n.snap.alloc_mem_mib)
             out.append(NodeView(node_id, alloc, free, draining=n.snap.draining))
         return out
+
+    def cannot_launch(self, type_name: str, zone: str = "") -> dict[str, str]:
+        """Live nodes (in ``zone``) with room for one more ``type_name`` whose driver
+        can launch nothing (`CapacitySnapshot.cannot_launch`), with the reason each
+        gave; `nodes` leaves them out."""
+        now = self._clock()
+        return {node_id: n.snap.cannot_launch for node_id, n in self._nodes.items()
+                if n.snap.cannot_launch and self._live(n, now)
+                and (not zone or n.snap.availability_zone == zone)
+                and n.snap.fit.get(type_name, 0) > 0}
 
     def says_full(self, itype: InstanceType, zone: str = "") -> bool:
         """Every node in the view has told us it cannot fit one more ``itype``.
@@ -205,6 +216,26 @@ class CapacityView:
         return sorted(n.snap.node_id for n in self._nodes.values()
                       if not self._live(n, now) and now - n.seen_at <= FORGET_AFTER
                       and n.snap.fit.get(type_name, 0) > 0 and not n.snap.draining)
+
+    def lost(self, node_id: str) -> bool:
+        """The node has been silent for `MISSED_HEARTBEATS` of its periods or more, or
+        the view has listened ``full_after`` seconds without hearing from it at all
+        (see docs/architecture.md, "Lost nodes")."""
+        now = self._clock()
+        node = self._nodes.get(node_id)
+        if node is None:
+            return now >= self._full_from
+        return not self._live(node, now)
+
+    def silent_for(self, node_id: str) -> float | None:
+        """Seconds since the node's last snapshot, None if the view has none."""
+        node = self._nodes.get(node_id)
+        return None if node is None else self._clock() - node.seen_at
+
+    def forget(self, node_id: str) -> None:
+        """An operator declared the node gone for good: drop it now, not after
+        `FORGET_AFTER`. A snapshot from it later (it came back) adds it again."""
+        self._nodes.pop(node_id, None)
 
     def live_count(self) -> int:
         now = self._clock()

@@ -19,9 +19,12 @@ from botocore.credentials import Credentials
 from rich.console import Console
 from rich.table import Table
 
+from roost.bus.auth import NatsAuth
+from roost.bus.options import nats_creds_option
 from roost.decide.placement import DEFAULT_POLICY, POLICIES, WORKLOAD_POLICIES
 from roost.decide.workload import parse_workload_toml
 from roost.domain.catalog import BUILTIN, parse_types_toml
+from roost.gateway.accounts import OPERATOR_KEY_ENV, OPERATOR_KEY_FILE_ENV, load_operator_key
 from roost.gateway.admin import API_PREFIX
 from roost.gateway.capacity import FULL_AFTER
 from roost.gateway.server import Gateway, GatewayConfig
@@ -55,6 +58,10 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
               multiple=True, metavar="KEY:SECRET",
               help="Accepted access keys; repeat or comma-separate. "
                    "Env: ROOST_GATEWAY_CREDENTIALS.")
+@click.option("--operator-key-file", envvar=OPERATOR_KEY_FILE_ENV, default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The key that opens the secrets of `roost keys create` keys (or give "
+                   f"the key itself in {OPERATOR_KEY_ENV}). Env: {OPERATOR_KEY_FILE_ENV}.")
 @click.option("--no-auth", is_flag=True, envvar="ROOST_GATEWAY_NO_AUTH",
               help="Accept unsigned requests. For development only; logged loudly. "
                    "Env: ROOST_GATEWAY_NO_AUTH.")
@@ -97,8 +104,10 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--log-level", envvar="ROOST_GATEWAY_LOG_LEVEL", default="INFO",
               show_default=True, help="Env: ROOST_GATEWAY_LOG_LEVEL.",
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
-            credentials: tuple[str, ...], no_auth: bool, policy: str,
+@nats_creds_option
+def gateway(nats_urls: tuple[str, ...], nats_auth: NatsAuth | None, host: str, port: int,
+            region: str, credentials: tuple[str, ...], operator_key_file: Path | None,
+            no_auth: bool, policy: str,
             workload_file: Path | None, types_config: Path | None, launch_timeout: float,
             max_attempts: int, full_after: float, client_token_ttl: float, workers: int,
             log_level: str) -> None:
@@ -126,13 +135,21 @@ def gateway(nats_urls: tuple[str, ...], host: str, port: int, region: str,
         if policy not in WORKLOAD_POLICIES:
             click.echo(f"warning: --workload is not used by the {policy} policy, only by "
                        f"{' and '.join(WORKLOAD_POLICIES)}", err=True)
+    env = dict(os.environ)
+    if operator_key_file is not None:
+        env[OPERATOR_KEY_FILE_ENV] = str(operator_key_file)
+    try:
+        operator_key = load_operator_key(env)
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--operator-key-file") from None
     try:
         config = GatewayConfig(
             nats_urls=[u for raw in nats_urls for u in raw.replace(",", " ").split()],
             host=host, port=port, region=region, credentials=parse_credentials(credentials),
+            operator_key=operator_key,
             auth=not no_auth, policy=policy, workload=workload, catalog=catalog,
             launch_timeout=launch_timeout, max_attempts=max_attempts,
-            client_token_ttl=client_token_ttl, full_after=full_after,
+            client_token_ttl=client_token_ttl, full_after=full_after, nats_auth=nats_auth,
         )
         config.check()
     except ValueError as exc:

@@ -20,7 +20,7 @@ from roost.domain.catalog import InstanceType
 from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import private_dns_name
-from roost.gateway.model import Paged, TagRow
+from roost.gateway.model import InstanceStatusRow, Paged, TagRow
 from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.requests import Filter, Page
 from roost.gateway.xml import timestamp
@@ -144,6 +144,9 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "private-dns-name": lambda r: [private_dns_name(r.private_ip)] if r.private_ip else [],
     "launch-time": lambda r: [timestamp(r.launch_time)],
     "architecture": lambda r: ["x86_64"],
+    "source-dest-check": lambda r: [str(r.net.source_dest_check).lower()],
+    "ebs-optimized": lambda r: [str(r.net.ebs_optimized).lower()],
+    "hibernation-options.configured": lambda r: [str(r.net.hibernation).lower()],
     "platform-details": lambda r: ["Linux/UNIX"],
     "platform": lambda r: [],  # Linux instances have none (EC2: "windows" or absent)
     "root-device-type": lambda r: ["ebs"],
@@ -184,12 +187,14 @@ def _nic(rec: InstanceRecord, value: str) -> list[str]:
 def _root(rec: InstanceRecord, value: str) -> list[str]:
     return [value] if rec.network else []
 
-STATUS_FIELDS: dict[str, Field[InstanceRecord]] = {
-    "instance-state-name": INSTANCE_FIELDS["instance-state-name"],
-    "instance-state-code": INSTANCE_FIELDS["instance-state-code"],
-    "availability-zone": INSTANCE_FIELDS["availability-zone"],
-    "instance-status.status": lambda r: ["ok" if r.state == "running" else "not-applicable"],
-    "system-status.status": lambda r: ["ok" if r.state == "running" else "not-applicable"],
+STATUS_FIELDS: dict[str, Field[InstanceStatusRow]] = {
+    "instance-state-name": lambda s: [s.record.state],
+    "instance-state-code": lambda s: _state_code(s.record.state),
+    "availability-zone": lambda s: [s.record.availability_zone],
+    "instance-status.status": lambda s: [s.status],
+    "system-status.status": lambda s: [s.status],
+    "instance-status.reachability": lambda s: [s.reachability],
+    "system-status.reachability": lambda s: [s.reachability],
 }
 
 TYPE_FIELDS: dict[str, Field[InstanceType]] = {

@@ -15,6 +15,10 @@ User data, when a launch has any, is kept by the launching gateway in
 compares it on every refresh. Only its keys are mirrored.
 
 When a node lets a record expire, the gateways drop that instance's tags and user data.
+
+Terminations given while an instance's node was lost wait in `roost_node_orders` until
+the node carries them out; the mirror shows such an instance as ``shutting-down``
+meanwhile (docs/architecture.md, "Lost nodes").
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from roost.bus import subjects
 from roost.bus.connect import follow_bucket
-from roost.bus.schemas import InstanceRecord, decode
+from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
+from roost.gateway.tenancy import visible
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +58,26 @@ def _newer(a: InstanceRecord, b: InstanceRecord, *, from_bucket: bool) -> bool:
 
 
 class InstanceIndex:
-    def __init__(self, records: KeyValue, tags: KeyValue, user_data: KeyValue) -> None:
+    def __init__(self, records: KeyValue, tags: KeyValue, user_data: KeyValue,
+                 orders: KeyValue | None = None) -> None:
         self._records_kv = records
         self._tags_kv = tags
         self._user_data_kv = user_data
+        self._orders_kv = orders
         self._records: dict[str, InstanceRecord] = {}
         self._tags: dict[str, tuple[int, dict[str, str]]] = {}
         self._with_user_data: set[str] = set()
-        self._synced = {k: asyncio.Event() for k in ("records", "tags", "user_data")}
+        self._orders: dict[str, NodeOrder] = {}  # instance id -> terminate deferred
+        kinds = ("records", "tags", "user_data") + (("orders",) if orders else ())
+        self._synced = {k: asyncio.Event() for k in kinds}
         self._tasks: list[asyncio.Task[None]] = []
         self._chores: set[asyncio.Task[None]] = set()
         self.group_overrides: Mapping[str, list[str]] = {}
         """Security groups set by ModifyInstanceAttribute after launch (instance id ->
         group ids), kept by the gateways (`NetworkStore`) as tags are: the node owns the
         record and rewrites it on every state change."""
+        self.on_forgotten: Callable[[str], None] | None = None
+        """Called with a node's id when an operator ran `roost node forget` on it."""
         self.on_gone: Callable[[InstanceRecord], None] | None = None
         """Called once per mirror when an instance terminates or its record expires:
         what it held besides its node's room (its address) can be given back."""
@@ -73,6 +85,10 @@ class InstanceIndex:
     # -- reading -----------------------------------------------------------
 
     def _merged(self, rec: InstanceRecord) -> InstanceRecord:
+        order = self._orders.get(rec.instance_id)
+        if order is not None and rec.state not in ("shutting-down", "terminated"):
+            rec = msgspec.structs.replace(rec, state="shutting-down",
+                                          state_transition_reason=order.note)
         found = self._tags.get(rec.instance_id)
         if found is not None:
             rec = msgspec.structs.replace(rec, tags=dict(found[1]))
@@ -83,11 +99,17 @@ class InstanceIndex:
         return rec
 
     def all(self) -> list[InstanceRecord]:
-        return [self._merged(r) for r in self._records.values()]
+        """The caller's instances (`roost.gateway.tenancy`): every one outside a request."""
+        return [self._merged(r) for r in self._records.values() if visible(r.owner_id)]
 
     def find(self, instance_id: str) -> InstanceRecord | None:
         rec = self._records.get(instance_id)
-        return None if rec is None else self._merged(rec)
+        return None if rec is None or not visible(rec.owner_id) else self._merged(rec)
+
+    def ended(self, instance_id: str) -> bool:
+        """Whether the mirror holds ``instance_id`` as terminated, whoever asks."""
+        rec = self._records.get(instance_id)
+        return rec is not None and rec.state == "terminated"
 
     async def require(self, ids: Iterable[str]) -> list[InstanceRecord]:
         """Records for ``ids``, fetching misses from the bucket; NotFound names them all."""
@@ -118,7 +140,7 @@ class InstanceIndex:
         except _DECODE_ERRORS:
             return None
         self.upsert(rec, from_bucket=True)
-        return self._merged(rec)
+        return self._merged(rec) if visible(rec.owner_id) else None
 
     @property
     def synced(self) -> bool:
@@ -177,6 +199,20 @@ class InstanceIndex:
         except nats.js.errors.KeyNotFoundError:
             self._tags.pop(instance_id, None)
 
+    async def order(self, rec: InstanceRecord, order: NodeOrder) -> InstanceRecord:
+        """Leave ``order`` for the lost node that holds ``rec``; the record as the mirror
+        shows it from now on. Giving the same order twice is harmless."""
+        if self._orders_kv is None:
+            raise ServiceUnavailable(f"Node {rec.node_id} is lost and this gateway keeps "
+                                     "no orders for it.")
+        try:
+            await self._orders_kv.put(subjects.node_order(rec.node_id, rec.instance_id),
+                                      encode(order))
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise ServiceUnavailable(f"The node order store is unreachable: {exc!r}") from None
+        self._orders[rec.instance_id] = order
+        return self._merged(rec)
+
     async def put_user_data(self, instance_id: str, user_data_b64: str) -> None:
         try:
             await self._user_data_kv.put(instance_id, user_data_b64.encode())
@@ -204,6 +240,9 @@ class InstanceIndex:
             asyncio.create_task(self._follow(self._user_data_kv, "user_data", meta_only=True),
                                 name="watch-user-data"),
         ]
+        if self._orders_kv is not None:
+            self._tasks.append(asyncio.create_task(self._follow(self._orders_kv, "orders"),
+                                                   name="watch-orders"))
 
     async def wait_synced(self, timeout: float) -> None:
         await asyncio.wait_for(
@@ -225,6 +264,9 @@ class InstanceIndex:
         key = entry.key
         if what == "user_data":
             (self._with_user_data.discard if removed else self._with_user_data.add)(key)
+            return
+        if what == "orders":
+            self._on_order(key, None if removed else entry.value or b"")
             return
         if what == "tags":
             if removed:
@@ -251,6 +293,20 @@ class InstanceIndex:
             self.upsert(decode(entry.value or b"", InstanceRecord), from_bucket=True)
         except _DECODE_ERRORS:
             log.warning("undecodable instance record %s", key)
+
+    def _on_order(self, key: str, value: bytes | None) -> None:
+        node_id, _, what = key.partition(".")
+        if what == subjects.FORGOTTEN:
+            if value is not None and self.on_forgotten is not None:
+                self.on_forgotten(node_id)
+            return
+        if value is None:
+            self._orders.pop(what, None)  # carried out: the node's record says so
+            return
+        try:
+            self._orders[what] = decode(value, NodeOrder)
+        except _DECODE_ERRORS:
+            log.warning("undecodable node order %s", key)
 
     async def _drop_extras(self, instance_id: str) -> None:
         """An instance record expired: its tags and user data describe nothing now."""

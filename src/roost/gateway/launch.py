@@ -12,6 +12,13 @@ node is asked (`CapacityView.says_full`).
 
 A timeout is never read as "no capacity": the node may have launched. The launch id is
 looked up across the nodes first, and only if nobody holds it does placement move on.
+
+A node that cannot run the launch at all (``unsupported``: no QEMU, a kernel image on a
+process node; ``image_unavailable``: the image's files are not there) is not asked
+again for it; a node whose snapshot says it can launch nothing (no QEMU) is not asked
+at all; and once no node that fits is left unrefused the caller gets the reasons
+at once, not a retry until the deadline: InvalidAMIID.Unavailable when some node lacks
+the image's files (the nodes able to boot it do not have it), Unsupported otherwise.
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ from roost.decide.workload import Workload, WorkloadWindow
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     InsufficientInstanceCapacity,
+    InvalidAMIIDUnavailable,
     InvalidParameterValue,
     RoostError,
     ServiceUnavailable,
+    Unsupported,
 )
 from roost.gateway.capacity import CapacityView
 from roost.gateway.metrics import GatewayMetrics
@@ -52,6 +61,11 @@ MaxCount of hundreds does not flood the bus."""
 class Attempt:
     node_id: str  # ANYCAST for the per-type queue group
     outcome: str  # "ok", a LaunchError, "timeout", "gone", "no_responders", "bad_reply"
+    message: str = ""  # the node's reason, for a refusal that is not about capacity
+
+
+CANNOT_RUN = ("unsupported", "image_unavailable")
+"""Refusals that hold for the node, not the moment: it is not asked again."""
 
 
 def _launched_at(reply: LaunchReply) -> float | None:
@@ -110,7 +124,10 @@ class Launcher:
     def _settle(self, reply: LaunchReply, attempts: list[Attempt], node_id: str
                 ) -> InstanceRecord | None:
         outcome = "ok" if reply.ok and reply.instance else (reply.error or "internal")
-        attempts.append(Attempt(node_id, outcome))
+        if outcome in CANNOT_RUN:  # the node that said so, also through anycast
+            attempts.append(Attempt(reply.node_id or node_id, outcome, reply.message))
+        else:
+            attempts.append(Attempt(node_id, outcome))
         self._count(outcome, node_id)
         if reply.ok and reply.instance is not None:
             return reply.instance
@@ -151,9 +168,32 @@ class Launcher:
             self._view.settle(hold, launched=reply.ok, launched_at=_launched_at(reply))
             if (rec := self._settle(reply, attempts, node_id)) is not None:
                 return rec
+            self._refuse_if_none_can_run(req, itype, zone, workload, attempts)
         return None
 
-    async def _anycast(self, req: LaunchRequest, attempts: list[Attempt]) -> InstanceRecord:
+    def _refuse_if_none_can_run(self, req: LaunchRequest, itype: InstanceType, zone: str,
+                                workload: Workload | None, attempts: Sequence[Attempt]
+                                ) -> None:
+        """Raise the refusals' answer when every node that fits ``itype`` has said it
+        cannot run the launch (see `CANNOT_RUN`), in its snapshots or in a reply."""
+        refused = [Attempt(node_id, "unsupported", f"node {node_id}: {why}") for node_id, why
+                   in self._view.cannot_launch(itype.name, zone).items()]
+        refused += [a for a in attempts if a.outcome in CANNOT_RUN]
+        if not refused:
+            return
+        fitting = {p.node.node_id for p in placements(
+            self._view.nodes(zone), itype, policy=self._policy.policy, rng=self._rng,
+            workload=workload)}
+        if fitting - {a.node_id for a in refused}:
+            return
+        why = "; ".join(dict.fromkeys(a.message for a in refused))
+        if any(a.outcome == "image_unavailable" for a in refused):
+            raise InvalidAMIIDUnavailable(
+                f"No node can boot the image {req.image_id}: {why}")
+        raise Unsupported(f"No node can run {req.image_id} on {itype.name} now: {why}")
+
+    async def _anycast(self, req: LaunchRequest, itype: InstanceType, attempts: list[Attempt]
+                       ) -> InstanceRecord:
         """Anycast until a node launches it or NATS has no responders.
 
         "no capacity" from an anycast node means another launch won the node's last
@@ -178,6 +218,8 @@ class Launcher:
                 continue
             if (rec := self._settle(reply, attempts, ANYCAST)) is not None:
                 return rec
+            self._refuse_if_none_can_run(req, itype, "", self._policy.workload
+                                         or self._workload.current(), attempts)
         raise _no_room(attempts, self._view.silent_with_room(req.instance_type),
                        f"Insufficient capacity for {req.instance_type}: no node can fit it "
                        f"now ({describe_attempts(attempts)}).")
@@ -225,6 +267,7 @@ class Launcher:
         # (`Ec2Service.run_instances` has added this request to it).
         workload = self._policy.workload or self._workload.current()
         self.refuse_if_full(itype, zone)
+        self._refuse_if_none_can_run(req, itype, zone, workload, attempts)
         if self._policy.policy != "anycast":
             found = await self._targeted(req, itype, zone, workload, attempts)
             if found is not None:
@@ -236,7 +279,7 @@ class Launcher:
             raise _no_room(attempts, self._view.silent_with_room(req.instance_type),
                            f"Insufficient capacity for {req.instance_type} in {zone} "
                            f"({describe_attempts(attempts)}).")
-        return await self._anycast(req, attempts)
+        return await self._anycast(req, itype, attempts)
 
     async def launch_many(
         self, reqs: Sequence[LaunchRequest], itype: InstanceType, *, min_count: int,
@@ -249,8 +292,19 @@ class Launcher:
         """
         gate = asyncio.Semaphore(PARALLEL_LAUNCHES)
         full = asyncio.Event()
+        placed: dict[str, InstanceRecord] = {}
+        if reconcile_first:
+            # Taken over from a gateway that may have placed some: one fan-out every
+            # node answers, not a lookup per launch that only a holder would answer
+            # (a launch never placed cost a whole timeout: 400 of them, minutes).
+            placed, everyone = await self._nodes.lookup_many(
+                [r.launch_id for r in reqs], timeout=self._nodes.timeout,
+                expect=self._view.live_count())
+            reconcile_first = not everyone  # someone was silent: ask again one by one
 
         async def one(req: LaunchRequest) -> InstanceRecord | RoostError | None:
+            if req.launch_id in placed:
+                return placed[req.launch_id]
             async with gate:
                 if full.is_set():
                     return None

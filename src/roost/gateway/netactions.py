@@ -90,11 +90,6 @@ async def describe_key_pairs(c: Call) -> str:
     return nr.key_pairs(found, public=c.params.flag("IncludePublicKey"), request_id=c.request_id)
 
 
-async def describe_volumes(c: Call) -> str:
-    found = c.reads.net.volumes(rq.parse_describe_named(c.params, "VolumeId"))
-    return nr.volumes(found, c.request_id)
-
-
 NETWORK_ACTIONS: dict[str, Action] = {
     "CreateVpc": create_vpc,
     "DeleteVpc": delete_vpc,
@@ -117,5 +112,4 @@ NETWORK_ACTIONS: dict[str, Action] = {
     "ImportKeyPair": import_key_pair,
     "DeleteKeyPair": delete_key_pair,
     "DescribeKeyPairs": describe_key_pairs,
-    "DescribeVolumes": describe_volumes,
 }

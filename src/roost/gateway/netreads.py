@@ -7,12 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from roost.bus.schemas import InstanceRecord
 from roost.domain.errors import (
     InvalidGroupNotFound,
     InvalidKeyPairNotFound,
     InvalidSubnetIDNotFound,
-    InvalidVolumeNotFound,
     InvalidVpcIDNotFound,
 )
 from roost.domain.network import KeyPair, Rule, SecurityGroup, Subnet, Vpc
@@ -20,7 +18,6 @@ from roost.gateway.describe import Field, apply_filters
 from roost.gateway.index import InstanceIndex
 from roost.gateway.netrequests import NamedDescribe
 from roost.gateway.network import NetworkStore
-from roost.gateway.render import root_volume_id
 from roost.gateway.requests import DescribeRequest, Filter
 
 
@@ -95,18 +92,6 @@ KEY_FIELDS: dict[str, Field[KeyPair]] = {
     "fingerprint": lambda k: [k.fingerprint],
     "key-type": lambda k: [k.key_type],
 }
-VOLUME_FIELDS: dict[str, Field[InstanceRecord]] = {
-    "volume-id": lambda r: [root_volume_id(r.instance_id)],
-    "attachment.instance-id": lambda r: [r.instance_id],
-    "attachment.device": lambda r: ["/dev/xvda"],
-    "attachment.status": lambda r: ["attached"],
-    "attachment.delete-on-termination": lambda r: _bool(r.net.root_delete_on_termination),
-    "availability-zone": lambda r: [r.availability_zone],
-    "size": lambda r: [str(r.net.root_volume_size)],
-    "status": lambda r: ["in-use"],
-    "volume-type": lambda r: [r.net.root_volume_type],
-    "encrypted": lambda r: _bool(r.net.root_volume_encrypted),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +151,3 @@ class NetworkReads:
         else:
             chosen = sorted(pairs, key=lambda k: k.key_name)
         return apply_filters(chosen, filters, KEY_FIELDS, tags=lambda k: k.tags)
-
-    def volumes(self, req: DescribeRequest) -> list[InstanceRecord]:
-        """Root volumes, one per instance that is not terminated (or that keeps its
-        volume after termination: DeleteOnTermination false is not kept by roost, so
-        none do)."""
-        live = {root_volume_id(r.instance_id): r for r in self.index.all()
-                if r.network is not None and r.state != "terminated"}
-        missing = [i for i in req.ids if i not in live]
-        if missing:
-            raise InvalidVolumeNotFound(f"The volume '{', '.join(missing)}' does not exist.")
-        chosen = [live[i] for i in req.ids] if req.ids else list(live.values())
-        return apply_filters(chosen, req.filters, VOLUME_FIELDS, tags=lambda r: {})

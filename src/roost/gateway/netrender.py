@@ -5,10 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from roost.bus.schemas import InstanceRecord
 from roost.domain.network import KeyPair, Rule, SecurityGroup, Subnet, Vpc
 from roost.gateway.netservice import CreatedKeyPair
-from roost.gateway.render import ROOT_DEVICE, root_volume_id
 from roost.gateway.xml import Fragment, items, node, response, text, timestamp
 
 
@@ -171,31 +169,3 @@ def key_pairs(found: Iterable[KeyPair], *, public: bool, request_id: str) -> str
 def deleted_key_pair(pair_id: str, request_id: str) -> str:
     return response("DeleteKeyPair", request_id, text("return", True),
                     text("keyPairId", pair_id or None))
-
-
-def volume(r: InstanceRecord) -> Fragment:
-    net = r.net
-    vid = root_volume_id(r.instance_id)
-    attachment = (text("volumeId", vid) + text("instanceId", r.instance_id)
-                  + text("device", ROOT_DEVICE) + text("status", "attached")
-                  + text("attachTime", timestamp(r.launch_time))
-                  + text("deleteOnTermination", net.root_delete_on_termination))
-    iops = net.root_volume_iops
-    if iops is None and net.root_volume_type in ("gp2", "gp3"):
-        iops = 3000 if net.root_volume_type == "gp3" else max(100, 3 * net.root_volume_size)
-    throughput = net.root_volume_throughput
-    if throughput is None and net.root_volume_type == "gp3":
-        throughput = 125
-    return Fragment("".join([
-        text("volumeId", vid), text("size", net.root_volume_size),
-        text("snapshotId", "snap-" + r.image_id[4:]),
-        text("availabilityZone", r.availability_zone), text("status", "in-use"),
-        text("createTime", timestamp(r.launch_time)), items("attachmentSet", [attachment]),
-        text("volumeType", net.root_volume_type), text("iops", iops),
-        text("throughput", throughput), text("encrypted", net.root_volume_encrypted),
-        text("multiAttachEnabled", False),
-    ]))
-
-
-def volumes(found: Iterable[InstanceRecord], request_id: str) -> str:
-    return response("DescribeVolumes", request_id, items("volumeSet", map(volume, found)))

@@ -18,20 +18,18 @@ from roost.domain.errors import (
     InvalidParameterCombination,
     InvalidParameterValue,
     InvalidPermissionMalformed,
+    InvalidRequest,
     InvalidSubnetIDMalformed,
     InvalidVpcIDMalformed,
     MissingParameter,
 )
 from roost.domain.network import Rule
+from roost.domain.volumes import VOLUME_TYPES, LaunchVolume, size_error, valid_device
 from roost.gateway.query import Params
 
 ROOT_DEVICE = "/dev/xvda"
 IMAGE_ROOT_GIB = 8
 """The size of every roost image's root snapshot: EC2's default root volume size."""
-VOLUME_TYPES = ("standard", "io1", "io2", "gp2", "gp3", "sc1", "st1")
-_SIZE_LIMITS = {"standard": (1, 1024), "io1": (4, 16384), "io2": (4, 65536),
-                "gp2": (1, 16384), "gp3": (1, 16384), "sc1": (125, 16384),
-                "st1": (125, 16384)}
 _ID = {"vpc": re.compile(r"vpc-[0-9a-f]{8,17}"), "subnet": re.compile(r"subnet-[0-9a-f]{8,17}"),
        "sg": re.compile(r"sg-[0-9a-f]{8,17}")}
 PROTOCOLS = {"-1": "-1", "all": "-1", "tcp": "tcp", "6": "tcp", "udp": "udp", "17": "udp",
@@ -58,9 +56,12 @@ class LaunchNetwork:
     group_names: tuple[str, ...] = ()
     key_name: str = ""
     root: RootVolume = field(default_factory=RootVolume)
+    volumes: tuple[LaunchVolume, ...] = ()
+    volume_tags: tuple[tuple[str, str], ...] = ()
     tenancy: str = "default"
     monitoring: bool = False
     ebs_optimized: bool = False
+    hibernation: bool = False
 
 
 def check_id(kind: str, value: str) -> str:
@@ -71,48 +72,63 @@ def check_id(kind: str, value: str) -> str:
     return value
 
 
-def _root_volume(p: Params) -> RootVolume:
-    """BlockDeviceMapping.N: roost gives each instance its root volume only, so a
-    mapping may name the root device (to size it) and nothing else."""
+def _ebs_checks(m: Params, vtype: str | None) -> tuple[int | None, int | None]:
+    """Iops and throughput of one mapping, where its type allows them."""
+    iops = m.integer("Ebs.Iops")
+    if iops is not None and (vtype or "gp2") not in ("io1", "io2", "gp3"):
+        raise InvalidParameterCombination(
+            f"The parameter iops is not supported for {vtype or 'gp2'} volumes.")
+    throughput = m.integer("Ebs.Throughput")
+    if throughput is not None and vtype != "gp3":
+        raise InvalidParameterCombination(
+            "The parameter throughput is supported only for gp3 volumes.")
+    return iops, throughput
+
+
+def _block_devices(p: Params) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
+    """BlockDeviceMapping.N: the root device sizes the root volume; any other device
+    is a new, empty volume (recorded, not provided: docs/gateway.md)."""
     root = RootVolume()
+    extra: dict[str, LaunchVolume] = {}
     for m in p.members("BlockDeviceMapping"):
         device = m.get("DeviceName")
         if not device:
             raise MissingParameter("The request must contain the parameter "
                                    "BlockDeviceMapping.DeviceName")
-        if m.has("NoDevice") or m.get("VirtualName"):
-            continue  # suppresses or names an instance-store device: nothing to record
-        if device != ROOT_DEVICE:
-            raise InvalidBlockDeviceMapping(
-                f"roost provides only the root volume ({ROOT_DEVICE}); "
-                f"cannot map {device[:80]}.")
+        if m.has("NoDevice"):
+            if m.get("NoDevice"):
+                raise InvalidRequest("The request received was invalid")
+            continue  # suppresses a device of the image: nothing to record
+        if m.get("VirtualName"):
+            continue  # names an instance-store device: nothing to record
+        if not m.has("Ebs"):
+            raise MissingParameter("The request must contain the parameter ebs")
+        if not valid_device(device):
+            raise InvalidBlockDeviceMapping(f"Invalid device name {device[:80]}")
         vtype = m.get("Ebs.VolumeType")
         if vtype is not None and vtype not in VOLUME_TYPES:
             raise InvalidParameterValue(
                 f"Value ({vtype[:80]}) for parameter volumeType is invalid. "
                 f"Valid values: {', '.join(VOLUME_TYPES)}.")
         size = m.integer("Ebs.VolumeSize")
-        if size is not None:
-            low, high = _SIZE_LIMITS[vtype or "gp2"]
-            if size < IMAGE_ROOT_GIB:
-                raise InvalidBlockDeviceMapping(
-                    f"Volume of size {size}GB is smaller than snapshot, expect size >= "
-                    f"{IMAGE_ROOT_GIB}GB")
-            if not low <= size <= high:
-                raise InvalidParameterValue(
-                    f"Volume of {size}GiB is out of range for {vtype or 'gp2'} "
-                    f"({low}-{high} GiB).")
-        iops = m.integer("Ebs.Iops")
-        if iops is not None and (vtype or "gp2") not in ("io1", "io2", "gp3"):
-            raise InvalidParameterCombination(
-                f"The parameter iops is not supported for {vtype or 'gp2'} volumes.")
-        throughput = m.integer("Ebs.Throughput")
-        if throughput is not None and vtype != "gp3":
-            raise InvalidParameterCombination(
-                "The parameter throughput is supported only for gp3 volumes.")
-        root = RootVolume(size, vtype, iops, throughput, m.flag("Ebs.Encrypted"),
-                          m.flag("Ebs.DeleteOnTermination", default=True))
-    return root
+        if size is not None and device == ROOT_DEVICE and size < IMAGE_ROOT_GIB:
+            raise InvalidBlockDeviceMapping(
+                f"Volume of size {size}GB is smaller than snapshot, expect size >= "
+                f"{IMAGE_ROOT_GIB}GB")
+        if size is not None and (why := size_error(vtype or "gp2", size)):
+            raise InvalidParameterValue(why)
+        iops, throughput = _ebs_checks(m, vtype)
+        encrypted = m.flag("Ebs.Encrypted")
+        delete = m.flag("Ebs.DeleteOnTermination", default=True)
+        if device == ROOT_DEVICE:
+            root = RootVolume(size, vtype, iops, throughput, encrypted, delete)
+            continue
+        if size is None:
+            raise MissingParameter("The request must contain the parameter size or "
+                                   "snapshotId")
+        extra[device] = LaunchVolume(device, size, vtype or "gp2", iops, throughput,
+                                     encrypted, delete)
+    return root, tuple(extra.values())
 
 
 def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
@@ -121,7 +137,12 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
     group_ids = list(p.values("SecurityGroupId"))
     # The first network interface may carry the same (Terraform sends it this way when
     # it sets associate_public_ip_address).
-    for nic in p.members("NetworkInterface"):
+    nics = p.members("NetworkInterface")
+    if subnet and nics:
+        raise InvalidParameterCombination(
+            "Network interfaces and an instance-level subnet ID may not be specified on "
+            "the same request")
+    for nic in nics:
         if (nic.get("DeviceIndex") or "0") != "0":
             raise InvalidParameterValue("roost instances have one network interface.")
         subnet = nic.get("SubnetId") or subnet
@@ -134,6 +155,7 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
     if private_ip and max_count > 1:
         raise InvalidParameterCombination(
             "Cannot specify a private IP address when launching more than one instance.")
+    root, volumes = _block_devices(p)
     tenancy = p.get("Placement.Tenancy") or "default"
     if tenancy not in ("default", "dedicated", "host"):
         raise InvalidParameterValue(f"Value ({tenancy[:80]}) for parameter tenancy is invalid.")
@@ -143,8 +165,14 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         subnet_id=subnet, private_ip=private_ip,
         group_ids=tuple(dict.fromkeys(group_ids)),
         group_names=tuple(dict.fromkeys(p.values("SecurityGroup"))),
-        key_name=p.get("KeyName") or "", root=_root_volume(p), tenancy=tenancy,
+        key_name=p.get("KeyName") or "", root=root, volumes=volumes,
+        volume_tags=tuple((t.get("Key") or "", t.get("Value") or "")
+                          for spec in p.members("TagSpecification")
+                          if spec.get("ResourceType") == "volume"
+                          for t in spec.members("Tag")),
+        tenancy=tenancy,
         monitoring=p.flag("Monitoring.Enabled"), ebs_optimized=p.flag("EbsOptimized"),
+        hibernation=p.flag("HibernationOptions.Configured"),
     )
 
 

@@ -57,6 +57,7 @@ from roost.gateway.netrequests import (
     PermissionsRequest,
 )
 from roost.gateway.network import NetworkStore
+from roost.gateway.tenancy import account
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
 
@@ -158,7 +159,7 @@ class NetworkService:
         net = check_block(req.cidr)
         if net is None:
             raise InvalidVpcRange(f"The CIDR '{req.cidr[:80]}' is invalid.")
-        vpc = Vpc(_new_id("vpc"), str(net), self.store.owner_id, tags=dict(req.tags),
+        vpc = Vpc(_new_id("vpc"), str(net), account(self.store.owner_id), tags=dict(req.tags),
                   tenancy=req.tenancy)
         await self.store.create(vpc)
         group = default_group(vpc)
@@ -179,7 +180,7 @@ class NetworkService:
                 f"The vpc '{vpc_id}' has dependencies and cannot be deleted.")
         for g in groups:
             await self.store.remove(g.group_id)
-            await self.store.release_name(vpc_id, g.group_name)
+            await self.store.release_name(vpc_id, g.group_name, g.owner_id)
         await self.store.remove(vpc_id)
 
     async def create_subnet(self, req: CreateSubnetRequest, zones: Sequence[str]) -> Subnet:
@@ -197,7 +198,7 @@ class NetworkService:
             raise InvalidParameterValue(f"Value ({zone[:80]}) for parameter "
                                         "availabilityZone is invalid. Subnets can currently "
                                         f"only be created in: {', '.join(zones)}.")
-        subnet = Subnet(_new_id("subnet"), vpc.vpc_id, str(net), zone, self.store.owner_id,
+        subnet = Subnet(_new_id("subnet"), vpc.vpc_id, str(net), zone, account(self.store.owner_id),
                         tags=dict(req.tags))
         await self.store.create(subnet)
         return subnet
@@ -222,12 +223,13 @@ class NetworkService:
                 not await self.store.claim_name(vpc.vpc_id, req.name, gid):
             raise InvalidGroupDuplicate(
                 f"The security group '{req.name}' already exists for VPC '{vpc.vpc_id}'")
-        group = SecurityGroup(gid, req.name, req.description, vpc.vpc_id, self.store.owner_id,
-                              egress=(ALLOW_ALL_EGRESS,), tags=dict(req.tags))
+        group = SecurityGroup(gid, req.name, req.description, vpc.vpc_id,
+                              account(self.store.owner_id), egress=(ALLOW_ALL_EGRESS,),
+                              tags=dict(req.tags))
         try:
             await self.store.create(group)
         except Exception:
-            await self.store.release_name(vpc.vpc_id, req.name)
+            await self.store.release_name(vpc.vpc_id, req.name, group.owner_id)
             raise
         return group
 
@@ -244,7 +246,7 @@ class NetworkService:
         if users or referenced:
             raise DependencyViolation(f"resource {gid} has a dependent object")
         await self.store.remove(gid)
-        await self.store.release_name(group.vpc_id, group.group_name)
+        await self.store.release_name(group.vpc_id, group.group_name, group.owner_id)
 
     async def change_rules(self, req: PermissionsRequest, *, revoke: bool) -> SecurityGroup:
         group = self.group(req.group)
@@ -303,8 +305,9 @@ class NetworkService:
             if found is None:
                 raise InvalidKeyPairNotFound(f"The key pair '{pair_id}' does not exist")
             name = found.key_name
-        if self.store.key_pair(name) is not None:
-            await self.store.delete_key_pair(name)
+        found = self.store.key_pair(name)
+        if found is not None:
+            await self.store.delete_key_pair(found)
 
     async def set_groups(self, rec: InstanceRecord, group_ids: Sequence[str]) -> None:
         """ModifyInstanceAttribute GroupId.N: groups of the instance's own VPC."""
@@ -346,17 +349,20 @@ class NetworkService:
         if not groups:
             default = self.store.group_named(subnet.vpc_id, "default")
             groups = [default] if default is not None else []
-        if req.key_name:
-            self.key_pair(req.key_name)
+        public_key = self.key_pair(req.key_name).public_key if req.key_name else ""
         root = req.root
         network = InstanceNetwork(
             subnet_id=subnet.subnet_id, vpc_id=subnet.vpc_id,
             security_group_ids=list(dict.fromkeys(g.group_id for g in groups)),
-            key_name=req.key_name, root_volume_size=root.size or IMAGE_ROOT_GIB,
+            key_name=req.key_name, public_key=public_key,
+            root_volume_size=root.size or IMAGE_ROOT_GIB,
             root_volume_type=root.volume_type or "gp2", root_volume_iops=root.iops,
             root_volume_throughput=root.throughput, root_volume_encrypted=root.encrypted,
-            root_delete_on_termination=root.delete_on_termination, tenancy=req.tenancy,
+            root_delete_on_termination=root.delete_on_termination,
+            volumes=list(req.volumes), volume_tags=dict(req.volume_tags),
+            tenancy=req.tenancy,
             monitoring=req.monitoring, ebs_optimized=req.ebs_optimized,
+            hibernation=req.hibernation,
         )
         return subnet, network
 

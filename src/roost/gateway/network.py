@@ -28,6 +28,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
 from roost.bus.schemas import InstanceRecord
+from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.errors import (
     InsufficientFreeAddressesInSubnet,
     InvalidIPAddressInUse,
@@ -46,6 +47,7 @@ from roost.domain.network import (
     first_free,
     usable,
 )
+from roost.gateway.tenancy import account, visible
 
 log = logging.getLogger(__name__)
 WRONG_LAST_SEQUENCE = 10071
@@ -81,13 +83,21 @@ class AddressClaim(msgspec.Struct, frozen=True):
     at: float  # wall clock, seconds
 
 
-def name_key(vpc_id: str, name: str) -> str:
-    """A KV key for a group name: any text, so base32 (letters, digits, ``=``)."""
-    return f"sgname.{vpc_id}.{base64.b32encode(name.encode()).decode()}"
+def name_key(vpc_id: str, name: str, owner_id: str) -> str:
+    """A KV key for a group name: any text, so base32 (letters, digits, ``=``). Names
+    are unique per account, as on EC2: the region's default VPC is shared."""
+    return f"sgname.{vpc_id}.{owner_id}.{base64.b32encode(name.encode()).decode()}"
 
 
-def key_pair_key(name: str) -> str:
-    return base64.b32encode(name.encode()).decode() or "="
+def key_pair_key(owner_id: str, name: str) -> str:
+    """``<account>.<base32 name>``; a key without the account (from before accounts)
+    belongs to the default one."""
+    return f"{owner_id}.{base64.b32encode(name.encode()).decode() or '='}"
+
+
+def _key_pair_name(key: str) -> tuple[str, str]:
+    owner, _, b32 = key.rpartition(".")
+    return owner or DEFAULT_ACCOUNT, base64.b32decode(b32.encode()).decode() if b32 != "=" else ""
 
 
 def address_key(subnet_id: str, ip: str) -> str:
@@ -116,7 +126,9 @@ class NetworkStore:
         self._pending: dict[str, set[int]] = {}
         self.instance_groups: dict[str, list[str]] = {}
         """``igroups.<instance id>`` -> the groups ModifyInstanceAttribute set."""
-        self._key_pairs: dict[str, KeyPair] = {}
+        self._key_pairs: dict[tuple[str, str], KeyPair] = {}  # (owner, name) ->
+        self._legacy_pairs: set[str] = set()
+        """Key pair keys from before accounts (no account prefix): the default one's."""
         self._synced = {k: asyncio.Event() for k in self._kvs}
         self._tasks: list[asyncio.Task[None]] = []
         self._chores: set[asyncio.Task[None]] = set()
@@ -124,7 +136,18 @@ class NetworkStore:
     # -- reading ---------------------------------------------------------------------
 
     def _stored(self, kind: type[R]) -> list[R]:
-        return [r for _, r in self._records.values() if isinstance(r, kind)]
+        """The caller's records of ``kind`` (`roost.gateway.tenancy`). The region's
+        derived defaults are everyone's and are added by the readers below."""
+        return [r for _, r in self._records.values()
+                if isinstance(r, kind) and (self._shared(r) or visible(r.owner_id))]
+
+    def _shared(self, rec: NetworkRecord) -> bool:
+        """The region's default VPC, its default subnets and its default group: every
+        account launches into them (stored once one is tagged or given rules)."""
+        if isinstance(rec, Vpc):
+            return rec.vpc_id == self.default_vpc.vpc_id
+        flag = rec.default_for_az if isinstance(rec, Subnet) else rec.is_default
+        return flag and rec.vpc_id == self.default_vpc.vpc_id
 
     def vpcs(self) -> list[Vpc]:
         stored = {v.vpc_id: v for v in self._stored(Vpc)}
@@ -158,10 +181,15 @@ class NetworkStore:
         return default_subnet(self.default_vpc, self.region, zone)
 
     def key_pairs(self) -> list[KeyPair]:
-        return list(self._key_pairs.values())
+        return [k for (owner, _), k in self._key_pairs.items() if visible(owner)]
 
     def key_pair(self, name: str) -> KeyPair | None:
-        return self._key_pairs.get(name)
+        """The caller's key named ``name`` (an admin's own first, then any account's)."""
+        found = self._key_pairs.get((account(self.owner_id), name))
+        if found is not None:
+            return found
+        return next((k for (owner, n), k in self._key_pairs.items()
+                     if n == name and visible(owner)), None)
 
     def addresses_in_use(self, subnet_id: str) -> int:
         return len(self._addresses.get(subnet_id, {}))
@@ -237,7 +265,7 @@ class NetworkStore:
 
     async def claim_name(self, vpc_id: str, name: str, group_id: str) -> bool:
         """Reserve ``name`` in ``vpc_id`` for ``group_id``; False if it is taken."""
-        key = name_key(vpc_id, name)
+        key = name_key(vpc_id, name, account(self.owner_id))
         try:
             await self._kvs["network"].create(key, group_id.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
@@ -247,8 +275,8 @@ class NetworkStore:
         self._names[key] = group_id
         return True
 
-    async def release_name(self, vpc_id: str, name: str) -> None:
-        key = name_key(vpc_id, name)
+    async def release_name(self, vpc_id: str, name: str, owner_id: str) -> None:
+        key = name_key(vpc_id, name, owner_id)
         try:
             await self._kvs["network"].delete(key)
         except (TimeoutError, nats.errors.Error) as exc:
@@ -268,23 +296,29 @@ class NetworkStore:
     # -- key pairs -------------------------------------------------------------------
 
     async def create_key_pair(self, pair: KeyPair) -> bool:
-        """False when the name is taken."""
+        """False when the name is taken in the caller's account."""
+        owner = account(self.owner_id)
         try:
-            await self._kvs["key_pairs"].create(key_pair_key(pair.key_name),
+            await self._kvs["key_pairs"].create(key_pair_key(owner, pair.key_name),
                                                 msgspec.json.encode(pair))
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         except (TimeoutError, nats.errors.Error) as exc:
             raise _unavailable("key pair", exc) from None
-        self._key_pairs[pair.key_name] = pair
+        self._key_pairs[(owner, pair.key_name)] = pair
         return True
 
-    async def delete_key_pair(self, name: str) -> None:
+    async def delete_key_pair(self, pair: KeyPair) -> None:
+        owner = next((o for (o, _), k in self._key_pairs.items() if k is pair),
+                     account(self.owner_id))
+        key = key_pair_key(owner, pair.key_name)
+        if owner == DEFAULT_ACCOUNT and key.removeprefix(f"{owner}.") in self._legacy_pairs:
+            key = key.removeprefix(f"{owner}.")
         try:
-            await self._kvs["key_pairs"].delete(key_pair_key(name))
+            await self._kvs["key_pairs"].delete(key)
         except (TimeoutError, nats.errors.Error) as exc:
             raise _unavailable("key pair", exc) from None
-        self._key_pairs.pop(name, None)
+        self._key_pairs.pop((owner, pair.key_name), None)
 
     # -- addresses -------------------------------------------------------------------
 
@@ -431,11 +465,13 @@ class NetworkStore:
                 else:
                     held[n] = (rev, msgspec.json.decode(value, type=AddressClaim))
             elif what == "key_pairs":
-                name = base64.b32decode(key.encode()).decode() if key != "=" else ""
+                owner, name = _key_pair_name(key)
+                if "." not in key:
+                    (self._legacy_pairs.discard if removed else self._legacy_pairs.add)(key)
                 if removed:
-                    self._key_pairs.pop(name, None)
+                    self._key_pairs.pop((owner, name), None)
                 else:
-                    self._key_pairs[name] = msgspec.json.decode(value, type=KeyPair)
+                    self._key_pairs[(owner, name)] = msgspec.json.decode(value, type=KeyPair)
             elif key.startswith("igroups."):
                 iid = key.removeprefix("igroups.")
                 if removed:

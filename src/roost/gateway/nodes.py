@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import nats.errors
@@ -24,6 +24,8 @@ from roost.bus.schemas import (
     CommandReply,
     DescribeTypesReply,
     InstanceCommand,
+    InstanceRecord,
+    LaunchesFound,
     LaunchLookup,
     LaunchReply,
     LaunchRequest,
@@ -132,12 +134,28 @@ class NodeClient:
 
     async def describe_types(self, *, timeout: float, expect: int = 0) -> list[DescribeTypesReply]:
         """Every node's reply to the fan-out, gathered until ``expect`` replies or timeout."""
+        return await self._gather(subjects.DESCRIBE_INSTANCE_TYPES, b"{}", DescribeTypesReply,
+                                  timeout=timeout, expect=expect)
+
+    async def lookup_many(self, launch_ids: Sequence[str], *, timeout: float, expect: int
+                          ) -> tuple[dict[str, InstanceRecord], bool]:
+        """The instances any node holds under ``launch_ids``, and whether ``expect``
+        nodes (the live ones) all answered, so that what was not found was not made."""
+        replies = await self._gather(
+            subjects.LAUNCH_LOOKUP, encode(LaunchLookup(launch_ids=list(launch_ids))),
+            LaunchesFound, timeout=timeout, expect=expect)
+        found = {rec.launch_id: rec for r in replies for rec in r.instances}
+        return found, len({r.node_id for r in replies}) >= expect
+
+    async def _gather(self, subject: str, payload: bytes, kind: type[M], *, timeout: float,
+                      expect: int) -> list[M]:
+        """Replies to a fan-out on ``subject``, until ``expect`` of them or the timeout."""
         self._check()
         inbox = self._nc.new_inbox()
         sub = await self._nc.subscribe(inbox)
-        replies: list[DescribeTypesReply] = []
+        replies: list[M] = []
         try:
-            await self._nc.publish(subjects.DESCRIBE_INSTANCE_TYPES, b"{}", reply=inbox)
+            await self._nc.publish(subject, payload, reply=inbox)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             while not expect or len(replies) < expect:
@@ -149,9 +167,9 @@ class NodeClient:
                 except nats.errors.TimeoutError:
                     break
                 try:
-                    replies.append(decode(msg.data, DescribeTypesReply))
+                    replies.append(decode(msg.data, kind))
                 except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                    log.warning("undecodable DescribeInstanceTypes reply on %s", inbox)
+                    log.warning("undecodable reply to %s on %s", subject, inbox)
         except _UNREACHABLE:
             raise errors.ServiceUnavailable("The message bus (NATS) is unreachable.") from None
         finally:

@@ -10,11 +10,9 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
     DryRunOperation,
-    InvalidAMIIDNotFound,
     InvalidInstanceType,
     InvalidParameterValue,
 )
-from roost.domain.images import IMAGES, Image
 from roost.gateway.describe import (
     INSTANCE_FIELDS,
     STATUS_FIELDS,
@@ -26,13 +24,16 @@ from roost.gateway.describe import (
 )
 from roost.gateway.model import (
     FIXED_ATTRIBUTES,
+    RECORDED_ATTRIBUTES,
     InstanceAttribute,
+    InstanceStatusRow,
     Paged,
     Reservation,
     TagRow,
     Zone,
 )
 from roost.gateway.netreads import NetworkReads
+from roost.gateway.render import block_devices, cpu_credits
 from roost.gateway.requests import DescribeRequest, InstanceAttributeRequest
 from roost.gateway.service import DRY_RUN, Ec2Service
 
@@ -47,15 +48,6 @@ REGION_FIELDS: dict[str, Field[tuple[str, str]]] = {
     "region-name": lambda r: [r[0]],
     "endpoint": lambda r: [r[1]],
     "opt-in-status": lambda r: ["opt-in-not-required"],
-}
-IMAGE_FIELDS: dict[str, Field[Image]] = {
-    "image-id": lambda i: [i.image_id],
-    "name": lambda i: [i.name],
-    "state": lambda i: ["available"],
-    "architecture": lambda i: ["x86_64"],
-    "root-device-type": lambda i: ["ebs"],
-    "virtualization-type": lambda i: ["hvm"],
-    "is-public": lambda i: ["true"],
 }
 
 
@@ -98,14 +90,16 @@ class Ec2Reads:
         )
         return Paged(reservations, page.next_token)
 
-    async def describe_instance_status(self, req: DescribeRequest) -> Paged[InstanceRecord]:
+    async def describe_instance_status(self, req: DescribeRequest
+                                       ) -> Paged[InstanceStatusRow]:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
         if not req.include_all:
             records = [r for r in records if r.state == "running"]
-        return paginate(self._instances(req, records, STATUS_FIELDS), req.page,
-                        key=lambda r: r.instance_id)
+        rows = [InstanceStatusRow(r, self.service.health(r)) for r in records]
+        return paginate(apply_filters(rows, req.filters, STATUS_FIELDS), req.page,
+                        key=lambda s: s.record.instance_id)
 
     async def describe_instance_types(self, req: DescribeRequest) -> Paged[InstanceType]:
         """Every supported type, whatever is free now: a full type is still a type."""
@@ -196,21 +190,15 @@ class Ec2Reads:
         return paginate(apply_filters(rows, req.filters, TAG_FIELDS), req.page,
                         key=lambda t: f"{t.resource_id}\0{t.key}")
 
-    def describe_images(self, req: DescribeRequest) -> list[Image]:
-        _check_dry_run(req)
-        missing = [i for i in req.ids if i not in IMAGES]
-        if missing:
-            raise InvalidAMIIDNotFound(f"The image id '[{', '.join(missing)}]' does not exist")
-        chosen = [IMAGES[i] for i in req.ids] if req.ids else list(IMAGES.values())
-        return apply_filters(chosen, req.filters, IMAGE_FIELDS)
-
     async def describe_credit_specifications(self, req: DescribeRequest
                                              ) -> list[InstanceRecord]:
         index = self.service.index
         records = await index.require(req.ids) if req.ids else index.all()
         _check_dry_run(req)
-        burstable = [r for r in records if r.instance_type.startswith("t")]
-        return self._instances(req, burstable, INSTANCE_FIELDS)
+        # Named instances are answered whatever their type (a non-burstable one runs
+        # "standard", as EC2 answers it); unnamed, only those running "unlimited".
+        chosen = records if req.ids else [r for r in records if cpu_credits(r) == "unlimited"]
+        return self._instances(req, chosen, INSTANCE_FIELDS)
 
     async def describe_instance_attribute(self, req: InstanceAttributeRequest
                                           ) -> InstanceAttribute:
@@ -223,13 +211,20 @@ class Ec2Reads:
         if req.attribute == "userData":
             user_data = await self.service.index.user_data(rec.instance_id)
             return InstanceAttribute(rec.instance_id, "userData", user_data)
+        if req.attribute == "blockDeviceMapping":
+            attached = self.service.volumes.store.attached(rec)
+            return InstanceAttribute(rec.instance_id, req.attribute, "",
+                                     xml=block_devices(attached))
+        if req.attribute in RECORDED_ATTRIBUTES:
+            value = getattr(rec.net, RECORDED_ATTRIBUTES[req.attribute])
+            return InstanceAttribute(rec.instance_id, req.attribute, str(value).lower())
         enforced = _enforced_attributes(rec)
         if req.attribute in enforced:
             return InstanceAttribute(rec.instance_id, req.attribute, enforced[req.attribute])
         if req.attribute not in FIXED_ATTRIBUTES:
             raise InvalidParameterValue(
-                f"Value ({req.attribute}) for parameter attribute is invalid."
-            )
+                f"Value ({req.attribute}) for parameter attribute is invalid. "
+                "Unknown attribute.")
         value = FIXED_ATTRIBUTES[req.attribute]
         return InstanceAttribute(rec.instance_id, req.attribute, value)
 

@@ -7,14 +7,22 @@ them on every refresh and treats a missing one as drift.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
-from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import private_dns_name
-from roost.gateway.model import InstanceAttribute, Paged, Reservation, StateChange, TagRow, Zone
+from roost.domain.volumes import Volume
+from roost.gateway.model import (
+    InstanceAttribute,
+    InstanceStatusRow,
+    Paged,
+    Reservation,
+    StateChange,
+    TagRow,
+    Zone,
+)
 from roost.gateway.xml import (
     Fragment,
     escape_text,
@@ -58,7 +66,29 @@ def interface_id(instance_id: str) -> str:
     return "eni-" + instance_id[2:]
 
 
-def _block_devices(rec: InstanceRecord, launched: str) -> str:
+Devices = Callable[[InstanceRecord], "str | None"]
+"""An instance's rendered ``blockDeviceMapping`` when it has volumes beyond the root one
+its record names (`roost.gateway.volactions.devices_of`), else None."""
+
+
+def block_devices(volumes: Iterable[Volume]) -> str:
+    """An instance's ``blockDeviceMapping``, as DescribeInstances nests it."""
+    out = []
+    for v in volumes:
+        a = v.attachment
+        if a is None:
+            continue
+        out.append(f"<item><deviceName>{escape_text(a.device)}</deviceName><ebs>"
+                   f"<volumeId>{escape_text(v.volume_id)}</volumeId><status>attached</status>"
+                   f"<attachTime>{timestamp(a.attach_time)}</attachTime>"
+                   f"<deleteOnTermination>{'true' if a.delete_on_termination else 'false'}"
+                   "</deleteOnTermination></ebs></item>")
+    return f"<blockDeviceMapping>{''.join(out)}</blockDeviceMapping>"
+
+
+def _block_devices(rec: InstanceRecord, launched: str, devices: Devices | None) -> str:
+    if devices is not None and (found := devices(rec)) is not None:
+        return found
     if rec.network is None:
         return "<blockDeviceMapping/>"
     status = "detached" if rec.state == "terminated" else "attached"
@@ -103,7 +133,7 @@ def interface(rec: InstanceRecord, names: Mapping[str, str], *,
         f"{zone}<description></description><ownerId>{owner}</ownerId>{managed}"
         f"<status>in-use</status><macAddress>{_mac(rec.instance_id)}</macAddress>"
         f"<privateIpAddress>{ip}</privateIpAddress><privateDnsName>{dns}</privateDnsName>"
-        f"<sourceDestCheck>true</sourceDestCheck>"
+        f"<sourceDestCheck>{'true' if net.source_dest_check else 'false'}</sourceDestCheck>"
         f"{_group_set(net.security_group_ids, names)}"
         f"<attachment><attachmentId>eni-attach-{short}</attachmentId>"
         f"<deviceIndex>0</deviceIndex><status>attached</status>"
@@ -122,12 +152,11 @@ def _mac(instance_id: str) -> str:
 
 
 _FIXED = "".join([
-    text("dnsName", ""), "<productCodes/>", text("sourceDestCheck", True),
+    text("dnsName", ""), "<productCodes/>",
     text("architecture", "x86_64"), text("rootDeviceType", "ebs"),
     text("rootDeviceName", ROOT_DEVICE), text("virtualizationType", "hvm"),
     text("hypervisor", "xen"), text("enaSupport", True),
     node("capacityReservationSpecification", text("capacityReservationPreference", "open")),
-    node("hibernationOptions", text("configured", False)),
     node("enclaveOptions", text("enabled", False)),
     text("platformDetails", "Linux/UNIX"), text("usageOperation", "RunInstances"),
     node("maintenanceOptions", text("autoRecovery", "default")),
@@ -138,7 +167,7 @@ the constant part is rendered once, not 10,000 times per DescribeInstances."""
 
 
 def instance(rec: InstanceRecord, itype: InstanceType | None,
-             names: Mapping[str, str] | None = None) -> str:
+             names: Mapping[str, str] | None = None, devices: Devices | None = None) -> str:
     reason = rec.state_reason
     cores = itype.vcpus if itype else 1
     net = rec.net
@@ -165,12 +194,17 @@ def instance(rec: InstanceRecord, itype: InstanceType | None,
         text("privateIpAddress", (rec.private_ip or None) if live else None),
         _group_set(net.security_group_ids if live else (), names),
         node("stateReason", text("code", reason), text("message", reason)) if reason else "",
-        _block_devices(rec, launched),
+        _block_devices(rec, launched, devices),
         text("clientToken", rec.client_token),
         _tags(rec.tags),
         _interfaces(rec, names),
         "<ebsOptimized>true</ebsOptimized>" if net.ebs_optimized
         else "<ebsOptimized>false</ebsOptimized>",
+        "<sourceDestCheck>false</sourceDestCheck>" if not net.source_dest_check
+        else "<sourceDestCheck>true</sourceDestCheck>",
+        "<hibernationOptions><configured>true</configured></hibernationOptions>"
+        if net.hibernation else "<hibernationOptions><configured>false</configured>"
+        "</hibernationOptions>",
         f"<cpuOptions><coreCount>{cores}</coreCount><threadsPerCore>1</threadsPerCore>"
         "</cpuOptions>",
         metadata_options(rec),
@@ -191,27 +225,29 @@ TypeLookup = Mapping[str, InstanceType]
 
 
 def _instances(recs: Iterable[InstanceRecord], types: TypeLookup,
-               names: Mapping[str, str]) -> Fragment:
-    return items("instancesSet", (instance(r, types.get(r.instance_type), names)
+               names: Mapping[str, str], devices: Devices | None = None) -> Fragment:
+    return items("instancesSet", (instance(r, types.get(r.instance_type), names, devices)
                                   for r in recs))
 
 
 def run_instances(res: Reservation, types: TypeLookup, request_id: str,
-                  names: Mapping[str, str] | None = None) -> str:
+                  names: Mapping[str, str] | None = None, devices: Devices | None = None
+                  ) -> str:
     return response(
         "RunInstances", request_id,
         text("reservationId", res.reservation_id),
         text("ownerId", res.owner_id),
         Fragment("<groupSet/>"),
-        _instances(res.instances, types, names or {}),
+        _instances(res.instances, types, names or {}, devices),
     )
 
 
 def describe_instances(page: Paged[Reservation], types: TypeLookup, request_id: str,
-                       names: Mapping[str, str] | None = None) -> str:
+                       names: Mapping[str, str] | None = None, devices: Devices | None = None
+                       ) -> str:
     reservations = items("reservationSet", (
         text("reservationId", r.reservation_id) + text("ownerId", r.owner_id)
-        + Fragment("<groupSet/>") + _instances(r.instances, types, names or {})
+        + Fragment("<groupSet/>") + _instances(r.instances, types, names or {}, devices)
         for r in page.items
     ))
     return response("DescribeInstances", request_id, reservations,
@@ -226,19 +262,18 @@ def state_changes(action: str, changes: Iterable[StateChange], request_id: str) 
     )))
 
 
-def _status(ok: bool) -> str:
-    word = "ok" if ok else "not-applicable"
-    detail = text("name", "reachability") + text("status", "passed" if ok else "not-applicable")
-    return text("status", word) + items("details", [detail])
+def _status(row: InstanceStatusRow) -> str:
+    detail = text("name", "reachability") + text("status", row.reachability)
+    return text("status", row.status) + items("details", [detail])
 
 
-def instance_status(page: Paged[InstanceRecord], request_id: str) -> str:
-    def one(r: InstanceRecord) -> str:
-        running = r.state == InstanceState.RUNNING
+def instance_status(page: Paged[InstanceStatusRow], request_id: str) -> str:
+    def one(row: InstanceStatusRow) -> str:
+        r = row.record
         return (
             text("instanceId", r.instance_id) + text("availabilityZone", r.availability_zone)
             + Fragment("<eventsSet/>") + state("instanceState", r.state)
-            + node("systemStatus", _status(running)) + node("instanceStatus", _status(running))
+            + node("systemStatus", _status(row)) + node("instanceStatus", _status(row))
         )
     return response("DescribeInstanceStatus", request_id,
                     items("instanceStatusSet", map(one, page.items)),
@@ -318,20 +353,6 @@ def tags(page: Paged[TagRow], request_id: str) -> str:
     )), text("nextToken", page.next_token))
 
 
-def images(found: Iterable[Image], owner_id: str, request_id: str) -> str:
-    return response("DescribeImages", request_id, items("imagesSet", (
-        text("imageId", i.image_id) + text("imageLocation", f"roost/{i.name}")
-        + text("imageState", "available") + text("imageOwnerId", owner_id)
-        + text("isPublic", True) + text("architecture", "x86_64")
-        + text("imageType", "machine") + text("name", i.name)
-        + text("description", i.description) + text("rootDeviceType", "ebs")
-        + text("rootDeviceName", ROOT_DEVICE) + Fragment("<blockDeviceMapping/>")
-        + text("virtualizationType", "hvm") + text("hypervisor", "xen")
-        + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
-        for i in found
-    )))
-
-
 def ok(action: str, request_id: str) -> str:
     """CreateTags, DeleteTags and the like answer only ``<return>true</return>``."""
     return response(action, request_id, text("return", True))
@@ -343,15 +364,23 @@ def instance_attribute(attr: InstanceAttribute, request_id: str) -> str:
     value = node(attr.name, text("value", attr.value)) if attr.value else f"<{attr.name}/>"
     if attr.name == "groupSet":
         value = items("groupSet", (text("groupId", g) for g in attr.groups))
+    if attr.xml:
+        value = attr.xml
     return response("DescribeInstanceAttribute", request_id,
                     text("instanceId", attr.instance_id), value)
 
 
+def cpu_credits(rec: InstanceRecord) -> str:
+    """EC2's defaults: t3 (and later t families) run "unlimited", t2 "standard"; a
+    non-burstable type is reported "standard"."""
+    family = rec.instance_type.partition(".")[0]
+    return "unlimited" if family.startswith("t") and family not in ("t1", "t2") else "standard"
+
+
 def credit_specifications(recs: Iterable[InstanceRecord], request_id: str) -> str:
-    """t-family instances run "unlimited", EC2's default for t3 (and what Terraform sets)."""
     return response("DescribeInstanceCreditSpecifications", request_id, items(
         "instanceCreditSpecificationSet",
-        (text("instanceId", r.instance_id) + text("cpuCredits", "unlimited") for r in recs),
+        (text("instanceId", r.instance_id) + text("cpuCredits", cpu_credits(r)) for r in recs),
     ))
 
 

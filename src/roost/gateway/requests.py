@@ -282,6 +282,14 @@ def parse_instance_ids(p: Params) -> InstanceIdsRequest:
     return InstanceIdsRequest(instance_ids(ids), dry_run=p.flag("DryRun"), force=p.flag("Force"))
 
 
+def parse_terminate_instances(p: Params) -> InstanceIdsRequest:
+    """EC2 answers a TerminateInstances that names no instance as a bad combination,
+    not as a missing parameter (Stop/Start do the latter)."""
+    if not p.values("InstanceId") and not p.get("InstanceId.1"):
+        raise InvalidParameterCombination("No instances specified")
+    return parse_instance_ids(p)
+
+
 def parse_describe_instances(p: Params) -> DescribeRequest:
     ids = instance_ids(p.values("InstanceId"))
     page = _page(p, low=5, high=1000)

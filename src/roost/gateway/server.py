@@ -20,13 +20,16 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect, key_value
-from roost.bus.schemas import CapacitySnapshot, decode
+from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
+from roost.gateway.accounts import AccountStore, KeyBook, QuotaBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
+from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher, LaunchPolicy
 from roost.gateway.metrics import GatewayMetrics
@@ -39,6 +42,8 @@ from roost.gateway.sigv4 import SigV4Verifier
 from roost.gateway.templates import TemplateStore
 from roost.gateway.tokens import TokenStore
 from roost.gateway.types import TypeRegistry
+from roost.gateway.volservice import VolumeService
+from roost.gateway.volumes import VolumeStore
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,9 @@ class GatewayConfig:
     port: int = 8773
     region: str = "roost-1"
     credentials: Mapping[str, str] = field(default_factory=dict)
-    """Access key id -> secret access key."""
+    """Static access key id -> secret access key, all of the default account."""
+    operator_key: bytes | None = None
+    """Opens the secrets of the keys in the accounts bucket (`roost keys create`)."""
     auth: bool = True
     policy: str = DEFAULT_POLICY
     workload: Workload | None = None
@@ -69,14 +76,25 @@ class GatewayConfig:
     (`roost.gateway.workers`)."""
     address_stripe: tuple[int, int] = (0, 1)
     """Worker i of n looks for free private addresses from i/n into each subnet."""
+    nats_auth: NatsAuth | None = None
+    """The gateway's NATS user (`roost.bus.auth`); None connects anonymously."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown placement policy {self.policy!r}; known: "
                              + ", ".join(POLICIES))
-        if self.auth and not self.credentials:
+        if self.auth and not self.credentials and self.operator_key is None:
             raise ValueError("no access keys configured: give --credentials KEY:SECRET "
-                             "(or ROOST_GATEWAY_CREDENTIALS), or run with --no-auth")
+                             "(or ROOST_GATEWAY_CREDENTIALS), or the operator key that "
+                             "opens the accounts bucket's keys (ROOST_OPERATOR_KEY or "
+                             "ROOST_OPERATOR_KEY_FILE), or run with --no-auth")
+
+
+def _each(*calls: Callable[[InstanceRecord], None]) -> Callable[[InstanceRecord], None]:
+    def call(rec: InstanceRecord) -> None:
+        for c in calls:
+            c(rec)
+    return call
 
 
 class _Server(uvicorn.Server):
@@ -97,6 +115,10 @@ class Gateway:
         self._index: InstanceIndex | None = None
         self._network: NetworkStore | None = None
         self._templates: TemplateStore | None = None
+        self.keys = KeyBook(config.credentials, operator_key=config.operator_key,
+                            default_account=config.owner_id)
+        self._images: ImageStore | None = None
+        self._volumes: VolumeStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -116,7 +138,7 @@ class Gateway:
 
     async def start(self, *, sync_timeout: float = 15.0) -> None:
         cfg = self.config
-        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway")
+        self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway", auth=cfg.nats_auth)
         records = await key_value(nc, subjects.INSTANCES_BUCKET)
         tags = await key_value(nc, subjects.TAGS_BUCKET)
         user_data = await key_value(nc, subjects.USER_DATA_BUCKET)
@@ -124,14 +146,19 @@ class Gateway:
         network_kv = await key_value(nc, subjects.NETWORK_BUCKET)
         addresses_kv = await key_value(nc, subjects.ADDRESSES_BUCKET)
         key_pairs_kv = await key_value(nc, subjects.KEY_PAIRS_BUCKET)
+        accounts_kv = await key_value(nc, subjects.ACCOUNTS_BUCKET)
         templates = TemplateStore(await key_value(nc, subjects.LAUNCH_TEMPLATES_BUCKET),
                                   owner_id=cfg.owner_id)
         self._templates = templates
+        self._images = images = ImageStore(await key_value(nc, subjects.IMAGES_BUCKET),
+                                           owner_id=cfg.owner_id)
         loop = asyncio.get_running_loop()
         view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
         nodes = NodeClient(nc, timeout=cfg.launch_timeout)
-        self._index = index = InstanceIndex(records, tags, user_data)
+        orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET)
+        self._index = index = InstanceIndex(records, tags, user_data, orders)
+        index.on_forgotten = view.forget
 
         def zones() -> list[str]:
             return sorted(view.zones()) or [f"{cfg.region}a"]
@@ -139,14 +166,24 @@ class Gateway:
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones, stripe=cfg.address_stripe)
-        index.on_gone = network.instance_gone
+        quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.ended)
+        volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
+        self._volumes = volumes
+        index.on_gone = _each(network.instance_gone, volumes.instance_gone,
+                              quotas.instance_gone)
         index.group_overrides = network.instance_groups
         network.start(index.all)
+        volumes.start()
         templates.start()
+        images.start()
         index.start()
+        self.keys.start(accounts_kv)
         await asyncio.gather(index.wait_synced(sync_timeout),
+                             asyncio.wait_for(self.keys.synced.wait(), sync_timeout),
                              network.wait_synced(sync_timeout),
-                             templates.wait_synced(sync_timeout))
+                             volumes.wait_synced(sync_timeout),
+                             templates.wait_synced(sync_timeout),
+                             images.wait_synced(sync_timeout))
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload))
@@ -155,10 +192,14 @@ class Gateway:
             site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
             metrics=self.metrics, net=NetworkService(network), templates=templates,
+            quotas=quotas,
+            images=images,
+            volumes=VolumeService(volumes, index, zones),
         )
-        verifier = SigV4Verifier(cfg.credentials) if cfg.auth else None
+        verifier = SigV4Verifier(self.keys) if cfg.auth else None
         reads = Ec2Reads(service)
-        app = build_app(AppParts(service, reads, verifier), health=self._health)
+        app = build_app(AppParts(service, reads, verifier, self.keys.caller),
+                        health=self._health)
         # IPPROTO_TCP spelled out: asyncio turns Nagle off (TCP_NODELAY) only on
         # sockets whose proto says TCP. With proto 0 every keep-alive reply waited out
         # the client's delayed ACK, ~40 ms a request.
@@ -212,6 +253,11 @@ class Gateway:
             await self._network.stop()
         if self._templates is not None:
             await self._templates.stop()
+        await self.keys.stop()
+        if self._images is not None:
+            await self._images.stop()
+        if self._volumes is not None:
+            await self._volumes.stop()
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
         if self._sock is not None:

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,7 +24,10 @@ from roost.bus.schemas import (
     InstanceNetwork,
     InstanceRecord,
     LaunchRequest,
+    NodeOrder,
+    now_iso,
 )
+from roost.domain.accounts import DEFAULT_ACCOUNT, demand
 from roost.domain.catalog import InstanceType
 from roost.domain.commands import Protection, refusal
 from roost.domain.errors import (
@@ -31,20 +35,26 @@ from roost.domain.errors import (
     IncorrectInstanceState,
     InsufficientInstanceCapacity,
     InternalError,
-    InvalidAMIIDNotFound,
     InvalidParameterValue,
     OperationNotPermitted,
     RoostError,
     ServiceUnavailable,
 )
-from roost.domain.images import IMAGES
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import Subnet
+from roost.gateway.accounts import QuotaBook
 from roost.gateway.capacity import CapacityView
+from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher
 from roost.gateway.metrics import GatewayMetrics
-from roost.gateway.model import FIXED_ATTRIBUTES, Reservation, StateChange
+from roost.gateway.model import (
+    FIXED_ATTRIBUTES,
+    RECORDED_ATTRIBUTES,
+    Reservation,
+    StateChange,
+    recorded_attributes,
+)
 from roost.gateway.netservice import NetworkService
 from roost.gateway.nodes import BadReply, NodeClient, NodeTimeout, NoResponders, error_for_code
 from roost.gateway.requests import (
@@ -54,8 +64,10 @@ from roost.gateway.requests import (
     RunInstancesRequest,
 )
 from roost.gateway.templates import TemplateStore
+from roost.gateway.tenancy import account
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
 from roost.gateway.types import TypeRegistry
+from roost.gateway.volservice import VolumeService
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +108,9 @@ class Ec2Service:
         metrics: GatewayMetrics,
         net: NetworkService,
         templates: TemplateStore,
+        images: ImageStore,
+        volumes: VolumeService,
+        quotas: QuotaBook | None = None,
     ) -> None:
         self.site = site
         self.view = view
@@ -107,6 +122,9 @@ class Ec2Service:
         self.metrics = metrics
         self.net = net
         self.templates = templates
+        self.quotas = quotas
+        self.images = images
+        self.volumes = volumes
 
     def zones(self) -> list[str]:
         """Zones with live nodes; the region's default zone while there are none."""
@@ -115,8 +133,7 @@ class Ec2Service:
     # -- RunInstances ---------------------------------------------------------------
 
     async def _validate(self, req: RunInstancesRequest) -> tuple[InstanceType, Target]:
-        if req.image_id not in IMAGES:
-            raise InvalidAMIIDNotFound(f"The image id '[{req.image_id}]' does not exist")
+        self.images.require(req.image_id)
         itype = await self.types.resolve(req.instance_type)
         if req.availability_zone and req.availability_zone not in self.zones():
             raise InvalidParameterValue(
@@ -151,11 +168,12 @@ class Ec2Service:
     async def run_instances(self, req: RunInstancesRequest) -> Reservation:
         itype, target = await self._validate(req)
         zone = target.zone
+        owner = account(self.site.owner_id)
         # Every instance asked for joins the workload the roost and fgd policies learn
         # from, placed or not (a replayed ClientToken is not asked for again).
         count = min(req.max_count, self.site.max_instances_per_request)
         if self.launcher.says_full(itype, zone) and not (
-                req.client_token and await self.tokens.known(owner_id=self.site.owner_id,
+                req.client_token and await self.tokens.known(owner_id=owner,
                                                              token=req.client_token)):
             # A full cluster answers before a token is claimed (and released again); a
             # token already used goes the whole way, so its reservation is replayed.
@@ -169,19 +187,26 @@ class Ec2Service:
         rid = new_reservation_id()
         fp = fingerprint(req.fingerprint())
         if req.client_token:
-            found = await self.tokens.claim(owner_id=self.site.owner_id, token=req.client_token,
+            found = await self.tokens.claim(owner_id=owner, token=req.client_token,
                                             fingerprint=fp, reservation_id=rid)
             if isinstance(found, TokenEntry):
                 return self._replay(found)
             claim, rid = found, found.reservation_id
         self.launcher.observe(itype, count)
-        launches = [self._launch_request(req, rid, i) for i in range(count)]
+        try:
+            count = await self._reserve(owner, rid, itype, req.min_count, count)
+        except Exception:
+            if claim is not None:
+                await self.tokens.release(claim)
+            raise
+        launches = [self._launch_request(req, rid, i, owner) for i in range(count)]
         launch_ids = [launch.launch_id for launch in launches]
         started = asyncio.get_running_loop().time()
         try:
             addresses = await self.net.place(target.subnet, launch_ids,
                                              req.network.private_ip)
         except Exception:
+            await self._settle(owner, rid, itype, [])
             if claim is not None:
                 await self.tokens.release(claim)
             raise
@@ -194,12 +219,14 @@ class Ec2Service:
             )
         except Exception as exc:
             await self.net.release(target.subnet, launch_ids, addresses)
+            await self._settle(owner, rid, itype, [])
             outcome = ("insufficient_capacity" if isinstance(exc, InsufficientInstanceCapacity)
                        else "failed")
             self.metrics.launches.labels(outcome).inc(req.min_count)
             if claim is not None:
                 await self.tokens.release(claim)
             raise
+        await self._settle(owner, rid, itype, records)
         held = {(r.launch_id, r.private_ip) for r in records}
         unused = [(lid, ip) for lid, ip in zip(launch_ids, addresses, strict=True)
                   if (lid, ip) not in held]
@@ -214,16 +241,37 @@ class Ec2Service:
             await asyncio.gather(*(self.index.put_user_data(r.instance_id, encoded)
                                    for r in records))
         if claim is not None:
-            await self.tokens.finish(claim, fingerprint=fp, owner_id=self.site.owner_id,
+            await self.tokens.finish(claim, fingerprint=fp, owner_id=owner,
                                      instances=records)
-        return Reservation(rid, self.site.owner_id, tuple(records))
+        return Reservation(rid, owner, tuple(records))
 
-    def _launch_request(self, req: RunInstancesRequest, rid: str, index: int) -> LaunchRequest:
+    async def _reserve(self, owner: str, rid: str, itype: InstanceType, min_count: int,
+                       count: int) -> int:
+        """Hold the account's quota for up to ``count`` instances before placing any
+        (`QuotaBook.reserve`: compare-and-set, so gateways racing cannot overshoot)."""
+        if self.quotas is None:
+            return count
+        now = time.time()
+        return await self.quotas.reserve(owner, rid, lambda n: demand(itype, n, now),
+                                         min_count=min_count, max_count=count)
+
+    async def _settle(self, owner: str, rid: str, itype: InstanceType,
+                      records: list[InstanceRecord]) -> None:
+        """The launch's hold becomes what its instances hold (nothing, if it failed)."""
+        if self.quotas is None:
+            return
+        now = time.time()
+        await self.quotas.settle(owner, rid, {r.instance_id: demand(itype, 1, now)
+                                              for r in records})
+
+    def _launch_request(self, req: RunInstancesRequest, rid: str, index: int,
+                        owner: str) -> LaunchRequest:
         return LaunchRequest(
             launch_id=f"{rid}-{index}", instance_type=req.instance_type,
             image_id=req.image_id, reservation_id=rid, user_data=req.user_data,
+            image=self.images.registered(req.image_id),
             tags=dict(req.tags), availability_zone=req.availability_zone,
-            client_token=req.client_token, owner_id=self.site.owner_id, ami_launch_index=index,
+            client_token=req.client_token, owner_id=owner, ami_launch_index=index,
             options=None if req.options == DEFAULT_OPTIONS else req.options,
         )
 
@@ -261,12 +309,52 @@ class Ec2Service:
             raise IncorrectInstanceState(
                 f"The instance '{iid}' is not in a state from which it can be {_VERBS[op]}."
             )
-        reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+        if op == "terminate" and self.view.lost(rec.node_id):
+            # Accepted and deferred: the node carries it out when it is back, or
+            # `roost node forget` does (docs/architecture.md, "Lost nodes").
+            shown = await self.index.order(rec, NodeOrder(
+                op="terminate", note=f"User initiated (deferred: node {rec.node_id} is lost)",
+                at=now_iso()))
+            return StateChange(iid, shown.state, rec.state)
+        held = op == "start" and rec.state == "stopped" and await self._hold(rec)
+        try:
+            reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+        except Exception:
+            if held:
+                await self._release(rec)
+            raise
+        if op == "stop":
+            await self._release(rec)
         current = reply.instance.state if reply.instance is not None else rec.state
         return StateChange(iid, current, reply.previous_state or rec.state)
 
+    def health(self, rec: InstanceRecord) -> str:
+        """DescribeInstanceStatus's status of ``rec``'s checks."""
+        if rec.state != "running":
+            return "not-applicable"
+        return "impaired" if self.view.lost(rec.node_id) else "ok"
+
+    async def _hold(self, rec: InstanceRecord) -> bool:
+        """Quotas count running instances: a start holds again what a stop gave back."""
+        if self.quotas is None:
+            return False
+        itype = await self.types.resolve(rec.instance_type)
+        await self.quotas.hold_instance(rec.owner_id or DEFAULT_ACCOUNT, rec.instance_id,
+                                        demand(itype, 1, time.time()))
+        return True
+
+    async def _release(self, rec: InstanceRecord) -> None:
+        if self.quotas is not None:
+            await self.quotas.release(rec.owner_id or DEFAULT_ACCOUNT, rec.instance_id)
+
     async def _ask(self, rec: InstanceRecord, cmd: InstanceCommand) -> CommandReply:
         """Send ``cmd`` to the node that holds ``rec``; its refusal as the EC2 error."""
+        if self.view.lost(rec.node_id):
+            silent = self.view.silent_for(rec.node_id)
+            raise ServiceUnavailable(
+                f"Node {rec.node_id}, which holds {rec.instance_id}, is lost (silent "
+                f"{f'for {silent:.0f} s' if silent is not None else 'since this gateway started'}"
+                "); only TerminateInstances is accepted for its instances until it is back.")
         try:
             reply = await self.nodes.command(rec.node_id, cmd)
         except (NoResponders, NodeTimeout) as exc:
@@ -302,7 +390,10 @@ class Ec2Service:
         a destroy; anything else is refused.
         """
         (rec,) = await self.index.require([req.instance_id])
+        network = recorded_attributes(rec, req.fixed)
         for name, value in req.fixed.items():
+            if network is not None and name in RECORDED_ATTRIBUTES:
+                continue
             current = FIXED_ATTRIBUTES.get(name)
             if current is None or value.lower() != current.lower():
                 raise InvalidParameterValue(
@@ -314,10 +405,11 @@ class Ec2Service:
             raise DryRunOperation(DRY_RUN)
         if req.group_ids:
             await self.net.set_groups(rec, req.group_ids)
-        if not (req.options or req.instance_type is not None or req.user_data is not None):
+        if not (req.options or req.instance_type is not None or req.user_data is not None
+                or network is not None):
             return
-        cmd = InstanceCommand(op="modify", instance_id=rec.instance_id,
-                              changes=req.changes(rec.opts))
+        changes = msgspec.structs.replace(req.changes(rec.opts), network=network)
+        cmd = InstanceCommand(op="modify", instance_id=rec.instance_id, changes=changes)
         await self._ask(rec, cmd)
         if req.user_data is not None:
             encoded = base64.b64encode(req.user_data.encode()).decode()

@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Protocol
 from urllib.parse import quote, unquote
 
 from roost.domain.errors import AuthFailure, RequestExpired
@@ -114,17 +115,25 @@ def _request_time(req: SignedRequest) -> datetime:
     raise AuthFailure("The request must carry a valid X-Amz-Date header.")
 
 
+class KeyLookup(Protocol):
+    """Access key id -> secret, None when unknown: a dict, or a gateway's `KeyBook`
+    that follows the accounts bucket (so revocations land without a restart)."""
+
+    def get(self, key_id: str, /) -> str | None: ...
+
+
 class SigV4Verifier:
-    """Checks requests against ``keys`` (access key id -> secret)."""
+    """Checks requests against ``keys`` (access key id -> secret), looked up per
+    request: the lookup is live, not copied."""
 
     def __init__(
         self,
-        keys: Mapping[str, str],
+        keys: KeyLookup,
         *,
         max_skew: timedelta = MAX_SKEW,
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
-        self._keys = dict(keys)
+        self._keys = keys
         self._max_skew = max_skew
         self._clock = clock
 

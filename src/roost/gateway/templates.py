@@ -11,7 +11,6 @@ RunInstances parameters or XML.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import re
@@ -24,7 +23,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from roost.bus.connect import follow_bucket
+from roost.bus.connect import BucketMirror
 from roost.domain.errors import (
     MissingParameter,
     ServiceUnavailable,
@@ -37,6 +36,7 @@ from roost.domain.errors import (
 )
 from roost.gateway import shapes
 from roost.gateway.query import Params
+from roost.gateway.tenancy import account, visible
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"[a-zA-Z0-9().\-/_]{3,128}")
@@ -78,8 +78,15 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _name_key(name: str) -> str:
-    return "ltname." + base64.b32encode(name.encode()).decode()
+def _name_key(owner_id: str, name: str) -> str:
+    """Template names are unique per account, as on EC2."""
+    return f"ltname.{owner_id}." + base64.b32encode(name.encode()).decode()
+
+
+def owner_of(template: LaunchTemplate) -> str:
+    """The account in ``created_by`` (``arn:aws:iam::<account>:root``)."""
+    parts = template.created_by.split(":")
+    return parts[4] if len(parts) > 4 else ""
 
 
 def template_data(p: Params) -> dict[str, str]:
@@ -106,18 +113,18 @@ def run_parameters(version: TemplateVersion) -> dict[str, str]:
     return shapes.flatten(value, shapes.run_instances_shape())
 
 
-class TemplateStore:
+class TemplateStore(BucketMirror):
     def __init__(self, kv: KeyValue, *, owner_id: str) -> None:
-        self._kv = kv
+        super().__init__(kv, "templates")
         self.owner_id = owner_id
         self._templates: dict[str, tuple[int, LaunchTemplate]] = {}
-        self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     # -- reading ---------------------------------------------------------------------
 
     def all(self) -> list[LaunchTemplate]:
-        return sorted((t for _, t in self._templates.values()), key=lambda t: t.created)
+        """The caller's templates (`roost.gateway.tenancy`)."""
+        return sorted((t for _, t in self._templates.values() if visible(owner_of(t))),
+                      key=lambda t: t.created)
 
     def find(self, template_id: str = "", name: str = "") -> LaunchTemplate:
         if not template_id and not name:
@@ -128,12 +135,12 @@ class TemplateStore:
                 raise TemplateIdMalformed(
                     f"The launch template ID '{template_id[:80]}' is malformed.")
             found = self._templates.get(template_id)
-            if found is None:
+            if found is None or not visible(owner_of(found[1])):
                 raise TemplateIdNotFound(
                     f"The specified launch template, with template ID {template_id}, "
                     "does not exist.")
             return found[1]
-        for _, t in self._templates.values():
+        for t in self.all():
             if t.name == name:
                 return t
         raise TemplateNameNotFound(
@@ -148,20 +155,21 @@ class TemplateStore:
                 "A launch template name must be 3 to 128 characters of letters, digits "
                 "and ( ) . - / _")
         tid = "lt-" + secrets.token_hex(9)[:17]
+        owner = account(self.owner_id)
         try:
-            await self._kv.create(_name_key(name), tid.encode())
+            await self._kv.create(_name_key(owner, name), tid.encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             raise TemplateNameExists(
                 f"Launch template name already in use: {name}") from None
         except (TimeoutError, nats.errors.Error) as exc:
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         at = now()
-        template = LaunchTemplate(tid, name, at, f"arn:aws:iam::{self.owner_id}:root", 1, 1,
+        template = LaunchTemplate(tid, name, at, f"arn:aws:iam::{owner}:root", 1, 1,
                                   [TemplateVersion(1, data, description, at)], tags)
         try:
             rev = await self._kv.create(tid, msgspec.json.encode(template))
         except (TimeoutError, nats.errors.Error) as exc:
-            await self._forget_name(name)
+            await self._forget_name(owner, name)
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         self._templates[tid] = (rev, template)
         return template
@@ -192,11 +200,11 @@ class TemplateStore:
         except (TimeoutError, nats.errors.Error) as exc:
             raise ServiceUnavailable(f"The template store is unreachable: {exc!r}") from None
         self._templates.pop(template.template_id, None)
-        await self._forget_name(template.name)
+        await self._forget_name(owner_of(template), template.name)
 
-    async def _forget_name(self, name: str) -> None:
+    async def _forget_name(self, owner: str, name: str) -> None:
         try:
-            await self._kv.delete(_name_key(name))
+            await self._kv.delete(_name_key(owner, name))
         except (TimeoutError, nats.errors.Error) as exc:
             log.warning("could not release launch template name %s: %r", name, exc)
 
@@ -210,19 +218,6 @@ class TemplateStore:
             entry.value or b"", type=LaunchTemplate))
 
     # -- watching --------------------------------------------------------------------
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(
-            follow_bucket(self._kv, "templates", on_entry=self._on_entry, synced=self._synced),
-            name="watch-templates")
-
-    async def wait_synced(self, timeout: float) -> None:
-        await asyncio.wait_for(self._synced.wait(), timeout)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
 
     def _on_entry(self, entry: KeyValue.Entry) -> None:
         key = entry.key

@@ -22,18 +22,28 @@ from wsgiref.simple_server import WSGIServer
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.kv import KeyValue
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus import schemas as s
 from roost.bus import subjects
-from roost.bus.connect import connect, key_value
+from roost.bus.auth import NatsAuth
+from roost.bus.connect import connect, follow_bucket, key_value
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
 from roost.domain.host import HostCapacity
 from roost.domain.images import IMAGES
 from roost.domain.lifecycle import TRANSITIONS, InstanceState, check_transition
 from roost.node.console import console_tail, trim_console
-from roost.node.drivers import DriverError, Exit, InstanceDriver, SimDriver, StartSpec
+from roost.node.drivers import (
+    DriverError,
+    Exit,
+    InstanceDriver,
+    SimDriver,
+    StartSpec,
+    keep_image,
+    kept_image,
+    launch_refusal,
+)
 from roost.node.handlers import BusHandlers
 from roost.node.isolation import Level, make_isolation
 from roost.node.ledger import Ledger
@@ -69,13 +79,14 @@ class NodeConfig:
     """Loopback port of the metadata service: 0 picks one once and keeps it in the data
     dir; None runs no metadata service."""
     metrics_port: int | None = None
+    nats_auth: NatsAuth | None = None
+    """This node's NATS user (`roost.bus.auth`); None connects anonymously."""
 
     def __post_init__(self) -> None:
         subjects.check_node_id(self.node_id)
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+now_iso = s.now_iso
 
 
 def new_instance_id() -> str:
@@ -118,6 +129,12 @@ class NodeAgent:
         self._unpublished: set[str] = set()  # records whose last KV put failed
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
+        self._orders_kv: KeyValue | None = None
+        self._orders_synced = asyncio.Event()
+        self._orders_task: asyncio.Task[None] | None = None
+        self._early_orders: dict[str, s.NodeOrder] | None = {}  # until the first sync
+        self._ordered: set[str] = set()  # orders being carried out
+        self._forgotten = False
         self._subs: TypeSubscriptions | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._imds: NodeMetadata | None = None
@@ -140,8 +157,10 @@ class NodeAgent:
                 InstanceUsageCollector(lambda: self._records, self.driver, self.node_id),
                 port=self.config.metrics_port)
         await self._readopt()
-        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}")
+        self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}",
+                                 auth=self.config.nats_auth)
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
+        await self._follow_orders()
         for rec in self._records.values():
             await self._publish(rec.instance_id)
         self._subs = await BusHandlers(self).subscribe(self._nc)
@@ -175,6 +194,70 @@ class NodeAgent:
                              note="the instance's process was gone when the node agent restarted",
                              announce=False)
 
+    async def _follow_orders(self) -> None:
+        """Follow this node's orders (docs/architecture.md, "Lost nodes") and carry out
+        those given while it was lost, before it re-publishes and subscribes: it never
+        advertises room that an instance its users terminated still holds."""
+        assert self._nc is not None
+        self._orders_kv = await key_value(self._nc, subjects.NODE_ORDERS_BUCKET)
+        self._orders_task = asyncio.create_task(follow_bucket(
+            self._orders_kv, "orders", on_entry=self._on_order, synced=self._orders_synced,
+            keys=subjects.node_orders(self.node_id)))
+        try:
+            await asyncio.wait_for(self._orders_synced.wait(), 10.0)
+        except TimeoutError:  # carried out when they arrive
+            log.warning("node %s: its orders could not be read yet", self.node_id)
+        early, self._early_orders = self._early_orders or {}, None
+        await asyncio.gather(*(self._carry_out(iid, o) for iid, o in early.items()))
+        if self._forgotten:
+            await self._orders_kv.delete(subjects.node_order(self.node_id,
+                                                             subjects.FORGOTTEN))
+            log.warning("node %s had been forgotten (roost node forget): it rejoins with "
+                        "%d instances", self.node_id, len(self.ledger.allocations))
+
+    def _on_order(self, entry: KeyValue.Entry) -> None:
+        if entry.operation in (KV_DEL, KV_PURGE):
+            return
+        what = entry.key.partition(".")[2]
+        if what == subjects.FORGOTTEN:
+            self._forgotten = True
+            return
+        try:
+            order = s.decode(entry.value or b"", s.NodeOrder)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.error("node %s: unreadable order %s", self.node_id, entry.key)
+            return
+        if self._early_orders is not None:
+            self._early_orders[what] = order
+        else:
+            self._track(self._carry_out(what, order))
+
+    async def _carry_out(self, instance_id: str, order: s.NodeOrder) -> None:
+        """Terminate ``instance_id`` as ``order`` says, then delete the order. Delivered
+        twice, or for an instance already gone, it changes nothing but the delete."""
+        if instance_id in self._ordered:
+            return
+        self._ordered.add(instance_id)
+        try:
+            rec = self._records.get(instance_id)
+            if rec is not None and St(rec.state) is not St.TERMINATED:
+                await self._booted(instance_id)
+                if St(self._records[instance_id].state) is not St.SHUTTING_DOWN:
+                    await self._move(instance_id, St.SHUTTING_DOWN, note=order.note)
+                await self.driver.stop(instance_id, grace=self.config.stop_grace_seconds)
+                if St(self._records[instance_id].state) is St.SHUTTING_DOWN:
+                    await self._move(instance_id, St.TERMINATED, reason=order.reason,
+                                     note=order.note)
+                log.info("node %s: terminated %s as ordered while it was lost (%s)",
+                         self.node_id, instance_id, order.note)
+            assert self._orders_kv is not None
+            await self._orders_kv.delete(subjects.node_order(self.node_id, instance_id))
+        except Exception:  # the order stays; the next delivery (a re-watch) retries it
+            log.exception("node %s: carrying out the order for %s failed", self.node_id,
+                          instance_id)
+        finally:
+            self._ordered.discard(instance_id)
+
     async def drain(self) -> None:
         """Stop advertising and refuse new launches; running instances keep running."""
         if self.draining:
@@ -190,6 +273,9 @@ class NodeAgent:
         await self.drain()
         if self._heartbeat:
             self._heartbeat.cancel()
+        if self._orders_task is not None:
+            self._orders_task.cancel()
+            await asyncio.gather(self._orders_task, return_exceptions=True)
         others = self._tasks - {asyncio.current_task()}  # stop() may itself be tracked
         if others:
             await asyncio.gather(*others, return_exceptions=True)
@@ -260,6 +346,7 @@ class NodeAgent:
             instances=len(self.ledger.allocations),
             heartbeat_seconds=self.config.heartbeat_seconds, sent_at=time.time(),
             isolation=self.driver.isolation, isolation_note=self.driver.isolation_note,
+            cannot_launch=self.driver.cannot_launch,
         )
 
     async def _publish_snapshot(self) -> None:
@@ -359,7 +446,7 @@ class NodeAgent:
         itype = self.config.catalog.get(req.instance_type)
         if itype is None:
             return refuse("unknown_type", f"unknown instance type {req.instance_type!r}")
-        image = IMAGES.get(req.image_id)
+        image = req.image or IMAGES.get(req.image_id)
         if image is None:
             return refuse("bad_request", f"unknown image {req.image_id!r}")
         instance_id = new_instance_id()
@@ -372,7 +459,9 @@ class NodeAgent:
         except DriverError as exc:
             self.ledger.release(instance_id)
             log.error("node %s: launch %s refused: %s", self.node_id, req.launch_id, exc)
-            return refuse("internal", f"node {self.node_id}: {exc}")
+            return refuse(launch_refusal(exc), f"node {self.node_id}: {exc}")
+        if req.image is not None:  # a registered image: kept for the instance's restarts
+            keep_image(self._workdir(instance_id), req.image)
         now = now_iso()
         rec = s.InstanceRecord(
             instance_id=instance_id, node_id=self.node_id, instance_type=itype.name,
@@ -403,8 +492,10 @@ class NodeAgent:
     def _spec(self, rec: s.InstanceRecord, user_data: str) -> StartSpec:
         env = dict(self.instance_env)
         env.update(ROOST_INSTANCE_ID=rec.instance_id, ROOST_INSTANCE_TYPE=rec.instance_type)
+        workdir = self._workdir(rec.instance_id)
         return StartSpec(rec.instance_id, self.config.catalog[rec.instance_type],
-                         IMAGES[rec.image_id], user_data, self._workdir(rec.instance_id), env)
+                         IMAGES.get(rec.image_id) or kept_image(workdir), user_data, workdir,
+                         env)
 
     def _boot_soon(self, instance_id: str, user_data: str) -> None:
         task = asyncio.create_task(self._boot(instance_id, user_data))
@@ -577,6 +668,8 @@ class NodeAgent:
             update["instance_type"] = changes.instance_type
         if changes.options is not None:
             update["options"] = changes.options
+        if changes.network is not None:
+            update["network"] = changes.network
         if changes.user_data is not None:
             self.state.set_user_data(instance_id, changes.user_data)
         rec = await self._rewrite(instance_id, **update)

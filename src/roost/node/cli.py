@@ -12,9 +12,12 @@ import click
 
 from roost.bus import schemas as s
 from roost.bus import subjects
+from roost.bus.auth import NatsAuth
 from roost.bus.connect import connect
+from roost.bus.options import nats_creds_option
 from roost.domain.catalog import BUILTIN, parse_types_toml
 from roost.node.agent import NodeAgent, NodeConfig
+from roost.node.forget import Forgotten, NodeAlive, forget_node
 from roost.node.hostinfo import host_capacity
 from roost.node.isolation import LEVELS, Level
 
@@ -161,10 +164,12 @@ def _default_node_id() -> str:
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Env: ROOST_NODE_LOG_LEVEL.",
 )
+@nats_creds_option
 @click.pass_context
 def node(
     ctx: click.Context,
     nats_urls: tuple[str, ...],
+    nats_auth: NatsAuth | None,
     node_id: str,
     data_dir: Path | None,
     capacity: str | None,
@@ -190,6 +195,7 @@ def node(
     """
     ctx.ensure_object(dict)
     ctx.obj["nats"] = _split(nats_urls)
+    ctx.obj["nats_auth"] = nats_auth
     ctx.obj["node_id"] = node_id
     if ctx.invoked_subcommand is not None:
         return
@@ -218,6 +224,7 @@ def node(
         heartbeat_seconds=heartbeat_seconds,
         stop_grace_seconds=stop_grace_seconds,
         terminated_retention_seconds=terminated_retention_seconds,
+        nats_auth=nats_auth,
     )
     asyncio.run(_run(config))
 
@@ -262,7 +269,8 @@ def drain_cmd(ctx: click.Context, keep_running: bool, timeout: float) -> None:
     """Drain the node given by the group's --node-id over NATS."""
 
     async def go() -> s.DrainReply:
-        nc = await connect(ctx.obj["nats"], name="roost-node-drain")
+        nc = await connect(ctx.obj["nats"], name="roost-node-drain",
+                           auth=ctx.obj["nats_auth"])
         try:
             msg = await nc.request(
                 subjects.node_drain(ctx.obj["node_id"]),
@@ -280,3 +288,39 @@ def drain_cmd(ctx: click.Context, keep_running: bool, timeout: float) -> None:
             f"could not drain node {ctx.obj['node_id']}: {type(exc).__name__} {exc}"
         ) from None
     click.echo(f"node {reply.node_id} draining; {reply.instances} instances keep running")
+
+
+@node.command("forget")
+@click.argument("node_to_forget", metavar="NODE", required=False)
+@click.option("--listen", type=float, default=6.0, show_default=True,
+              help="Seconds to listen for the node's heartbeat first (three of the default "
+              "2 s heartbeats); a node heard from is refused.")
+@click.pass_context
+def forget_cmd(ctx: click.Context, node_to_forget: str | None, listen: float) -> None:
+    """Declare NODE's host gone for good (default: the group's --node-id).
+
+    Its instances that are not terminated yet are marked terminated (reason
+    Server.InternalError, naming the lost host), gateways drop the node from their
+    capacity view, and terminate orders are left in case the node comes back after all:
+    its agent then terminates what survived before it advertises any room. Refused while
+    the node still heartbeats (drain it instead).
+    """
+    node_id = node_to_forget or ctx.obj["node_id"]
+
+    async def go() -> Forgotten:
+        nc = await connect(ctx.obj["nats"], name="roost-node-forget",
+                           auth=ctx.obj["nats_auth"])
+        try:
+            return await forget_node(nc, node_id, listen=listen)
+        finally:
+            await nc.close()
+
+    try:
+        done = asyncio.run(go())
+    except NodeAlive as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise click.ClickException(
+            f"could not forget node {node_id}: {type(exc).__name__} {exc}") from None
+    click.echo(f"node {done.node_id} forgotten: {len(done.terminated)} instances marked "
+               f"terminated")

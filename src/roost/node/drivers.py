@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
+from roost.bus.schemas import LaunchError
 from roost.domain.catalog import InstanceType
 from roost.domain.images import Image
 from roost.node.cgroups import Usage
@@ -60,6 +63,42 @@ class DriverError(Exception):
     is refused with this message; nothing else on the node is touched."""
 
 
+class Unrunnable(DriverError):
+    """This node's driver cannot run the image or type at all, and will not until its
+    operator acts (no QEMU, the image's files missing here, a kernel image under the
+    process driver). The launch is refused as ``unsupported``, so that placement goes
+    to another node instead of retrying here."""
+
+
+class ImageMissing(Unrunnable):
+    """The image's files are not on this node (refused as ``image_unavailable``)."""
+
+
+def launch_refusal(exc: DriverError) -> LaunchError:
+    """How a node refuses a launch its driver cannot take (see `LaunchError`)."""
+    if isinstance(exc, ImageMissing):
+        return "image_unavailable"
+    return "unsupported" if isinstance(exc, Unrunnable) else "internal"
+
+
+IMAGE_FILE = "image.json"
+
+
+def keep_image(workdir: Path, image: Image) -> None:
+    """Keep a registered image in the instance's directory: the node learns it from the
+    launch, and boots it again at every start, also after the image is deregistered
+    (EC2's instances outlive their AMI)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / IMAGE_FILE).write_bytes(msgspec.json.encode(image))
+
+
+def kept_image(workdir: Path) -> Image:
+    try:
+        return msgspec.json.decode((workdir / IMAGE_FILE).read_bytes(), type=Image)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Unrunnable(f"the instance's image is not kept in {workdir}: {exc}") from None
+
+
 class InstanceDriver(Protocol):
     name: str
     overhead_mib: int
@@ -73,6 +112,12 @@ class InstanceDriver(Protocol):
     @property
     def isolation_note(self) -> str:
         """Why isolation is lower than asked for ("" when it is not)."""
+        ...
+
+    @property
+    def cannot_launch(self) -> str:
+        """Why this driver can launch nothing at all (no QEMU), "" when it can: the
+        node says so in its snapshots, and gateways place nothing there."""
         ...
 
     def prepare(self, spec: StartSpec) -> None:
@@ -114,6 +159,7 @@ class SimDriver:
     overhead_mib = 0
     isolation = "none"
     isolation_note = ""
+    cannot_launch = ""
 
     def prepare(self, spec: StartSpec) -> None:
         return None

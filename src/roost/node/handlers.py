@@ -115,6 +115,12 @@ class BusHandlers:
             req = s.decode(msg.data, s.LaunchLookup)
         except _BAD:
             return  # a lookup is a fan-out: the node that holds the launch answers
+        if req.launch_ids:
+            held = (self.agent.lookup(lid) for lid in req.launch_ids)
+            await self._reply(msg, s.LaunchesFound(
+                node_id=self.agent.node_id,
+                instances=[r.instance for r in held if r is not None and r.instance]))
+            return
         found = self.agent.lookup(req.launch_id)
         if found is not None:
             await self._reply(msg, found)

@@ -50,6 +50,7 @@ def metadata_for(rec: InstanceRecord, user_data: str | None) -> InstanceMetadata
         user_data=user_data.encode() if user_data else None,
         http_tokens=opts.http_tokens, http_endpoint=opts.http_endpoint,
         instance_metadata_tags=opts.instance_metadata_tags,
+        public_keys={rec.net.key_name: rec.net.public_key} if rec.net.public_key else {},
     )
 
 

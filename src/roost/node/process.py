@@ -22,12 +22,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from roost.domain.catalog import InstanceType
+from roost.domain.images import Image
 from roost.node.cgroups import CgroupError, InstanceCgroup, Limits
 from roost.node.drivers import (
     Exit,
     ExitCallback,
     ProcessRef,
     StartSpec,
+    Unrunnable,
     Usage,
     alive,
     start_ticks,
@@ -75,7 +77,19 @@ class ProcessDriver:
         than the instance's own program in the group adds room for that)."""
         return limits_for(itype)
 
+    @property
+    def cannot_launch(self) -> str:
+        return ""
+
+    def check_image(self, image: Image) -> None:
+        """Raise `Unrunnable` if this driver cannot run ``image``: a registered image is
+        a kernel or a disk to boot, which only the vm driver can."""
+        if image.registered:
+            raise Unrunnable(f"image {image.image_id} ({image.name}) boots a kernel or "
+                             f"a disk: only a node with --driver vm runs it")
+
     def prepare(self, spec: StartSpec) -> None:
+        self.check_image(spec.image)
         group = self._iso.group(spec.instance_id, spec.itype, limits=self.limits(spec.itype))
         if group is not None:
             self._groups[spec.instance_id] = group

@@ -47,13 +47,13 @@ DEFAULT_MAX_ATTEMPTS = 3
 
 
 class TaskNotFound(StoreError):
-    def __init__(self, task_id: int) -> None:
+    def __init__(self, task_id: int | str) -> None:
         super().__init__(f"no task {task_id}")
         self.task_id = task_id
 
 
 class IdempotencyConflict(StoreError):
-    def __init__(self, pool_id: str, key: str, task_id: int) -> None:
+    def __init__(self, pool_id: str, key: str, task_id: str) -> None:
         super().__init__(
             f"idempotency key {key!r} of pool {pool_id!r} belongs to task {task_id}, "
             "submitted with a different payload")
@@ -99,6 +99,8 @@ TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = {
 @dataclass(frozen=True, slots=True)
 class Task:
     task_id: int
+    public_id: str
+    """What the task API shows: random, so ids cannot be enumerated."""
     pool_id: str
     status: TaskStatus
     payload: Any
@@ -116,6 +118,7 @@ class Submitted:
     task_id: int
     created: bool
     """False when the idempotency key named an existing task, which is returned."""
+    public_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,20 +168,20 @@ async def submit(db: Any, pool_id: str, payload: Any, *, idempotency_key: str | 
     submitted with the same payload, and raises `IdempotencyConflict` otherwise."""
     body = encode(payload)
     try:
-        new_id = await db.fetchval(
+        new = await db.fetchrow(
             "INSERT INTO tasks (pool_id, payload, idempotency_key, max_attempts) "
             "VALUES ($1, $2::jsonb, $3, $4) "
-            "ON CONFLICT (pool_id, idempotency_key) DO NOTHING RETURNING id",
+            "ON CONFLICT (pool_id, idempotency_key) DO NOTHING RETURNING id, public_id",
             pool_id, body, idempotency_key, max_attempts,
         )
     except asyncpg.ForeignKeyViolationError:
         raise PoolNotFound(pool_id) from None
-    if new_id is not None:
-        return Submitted(int(new_id), created=True)
+    if new is not None:
+        return Submitted(int(new["id"]), created=True, public_id=str(new["public_id"]))
     # The key exists. ON CONFLICT waited for a concurrent insert of it to commit, and
     # this statement's snapshot is newer, so the row is visible here.
     row = await db.fetchrow(
-        "SELECT id, payload = $3::jsonb AS same FROM tasks "
+        "SELECT id, public_id, payload = $3::jsonb AS same FROM tasks "
         "WHERE pool_id = $1 AND idempotency_key = $2",
         pool_id, idempotency_key, body,
     )
@@ -186,21 +189,26 @@ async def submit(db: Any, pool_id: str, payload: Any, *, idempotency_key: str | 
         raise PoolNotFound(pool_id)
     if not row["same"]:
         assert idempotency_key is not None
-        raise IdempotencyConflict(pool_id, idempotency_key, int(row["id"]))
-    return Submitted(int(row["id"]), created=False)
+        raise IdempotencyConflict(pool_id, idempotency_key, str(row["public_id"]))
+    return Submitted(int(row["id"]), created=False, public_id=str(row["public_id"]))
 
 
-async def get_task(db: Any, task_id: int) -> Task:
-    row = await db.fetchrow(
-        "SELECT id, pool_id, status, payload::text AS payload, attempts, max_attempts, "
-        "result::text AS result, error, idempotency_key, created_at, finished_at "
-        "FROM tasks WHERE id = $1",
-        task_id,
-    )
+_TASK_COLUMNS = (
+    "SELECT id, public_id, pool_id, status, payload::text AS payload, attempts, "
+    "max_attempts, result::text AS result, error, idempotency_key, created_at, finished_at "
+    "FROM tasks "
+)
+
+
+async def get_task(db: Any, task_id: int | str) -> Task:
+    """A task by its internal id (an int) or its public one (``t-…``)."""
+    column = "public_id" if isinstance(task_id, str) else "id"
+    row = await db.fetchrow(_TASK_COLUMNS + f"WHERE {column} = $1", task_id)
     if row is None:
         raise TaskNotFound(task_id)
     return Task(
         task_id=int(row["id"]),
+        public_id=str(row["public_id"]),
         pool_id=str(row["pool_id"]),
         status=TaskStatus(row["status"]),
         payload=_decode(row["payload"]),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import shlex
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +16,8 @@ import click
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.domain.images import DEFAULT_IMAGE_ID
 from roost.domain.resources import parse_quantity
-from roost.embedded.proc import free_port, port_open
+from roost.embedded.proc import free_port, port_open, write_private
+from roost.gateway.accounts import OPERATOR_KEY_FILE_ENV, load_operator_key, new_operator_key
 from roost.gateway.workers import default_workers
 from roost.node.isolation import LEVELS, Level
 from roost.up.cluster import (
@@ -46,9 +47,28 @@ def load_or_make_credentials(data_dir: Path) -> tuple[str, str]:
         return str(saved["access_key_id"]), str(saved["secret_access_key"])
     key, secret = new_credentials()
     data_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"access_key_id": key, "secret_access_key": secret}))
-    path.chmod(0o600)
+    write_private(path, json.dumps({"access_key_id": key, "secret_access_key": secret}))
     return key, secret
+
+
+def load_or_make_operator_key(data_dir: Path) -> bytes:
+    """The operator key kept in ``data_dir/operator.key`` (0600), made on first use: it
+    seals the access key secrets in the accounts bucket. `roost keys create` finds it
+    with ROOST_OPERATOR_KEY_FILE pointing there."""
+    path = data_dir / "operator.key"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        write_private(path, new_operator_key())
+    key = load_operator_key({OPERATOR_KEY_FILE_ENV: str(path)})
+    assert key is not None
+    return key
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with its password, if any, replaced by ``***``."""
+    scheme, sep, rest = dsn.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return dsn
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def _port(wanted: int | None, default: int) -> int:
@@ -60,7 +80,10 @@ def _port(wanted: int | None, default: int) -> int:
 
 def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret: str,
            controller_url: str = "", dsn: str = "", dashboard_url: str = "",
-           isolation: str = "") -> str:
+           isolation: str = "", env_file: Path | None = None) -> str:
+    """What `roost up` prints once ready. Passwords and tokens other than the access key
+    stay in the 0600 env file: the banner shows where, not what."""
+    env = f"source {env_file}" if env_file else "the env file"
     creds = (f"AWS_ACCESS_KEY_ID={key} AWS_SECRET_ACCESS_KEY={secret} "
              if spec.auth else "AWS_ACCESS_KEY_ID=x AWS_SECRET_ACCESS_KEY=x ")
     lines = [
@@ -68,14 +91,17 @@ def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret:
         + (f", isolation {isolation}" if isolation else "") + f"), policy {spec.policy}",
         "",
         f"  EC2 endpoint   {endpoint}",
-        f"  NATS           {nats_url}",
+        f"  NATS           {nats_url}" + (
+            "   (users and permissions; admin credentials: $ROOST_NATS_CREDS)"
+            if spec.nats_auth else "   (OPEN: --no-nats-auth)"),
         f"  region         {spec.region}",
     ]
     if dashboard_url:
         lines += [f"  dashboard      {dashboard_url}"]
     if controller_url:
-        lines += [f"  controller     {controller_url}   (curl {controller_url}/status)",
-                  f"  Postgres       {dsn}"]
+        lines += [f"  controller     {controller_url}   (curl {controller_url}/status; the "
+                  "task API wants $ROOST_API_TOKEN)",
+                  f"  Postgres       {redact_dsn(dsn)}   (password: $ROOST_DSN)"]
     if spec.auth:
         lines += [f"  access key     {key}", f"  secret key     {secret}"]
     else:
@@ -95,7 +121,8 @@ def banner(spec: ClusterSpec, *, endpoint: str, nats_url: str, key: str, secret:
             "A worker pool on these nodes (each replica: one t3.small running "
             "`roost worker`):",
             "",
-            f"  roost pools create demo --dsn {dsn} --orchestrator native \\",
+            f"  {env}",
+            "  roost pools create demo --orchestrator native \\",
             "    --ref 'type=t3.small; target=mymodule:handle; app_dir=/path/to/app' \\",
             "    --min 0 --max 4 --target 10 --cpu-milli 2000 --memory-mib 2048 "
             "--db-pool-size 2",
@@ -188,12 +215,16 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
               show_default="min(2, cores)",
               help="Gateway processes sharing the port, restarted if they exit; 0 runs the "
                    "gateway on `roost up`'s own event loop.")
+@click.option("--no-nats-auth", is_flag=True,
+              help="Run NATS without users: any local process may command nodes and read "
+                   "every bucket (development only).")
 @click.option("--log-level", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int | None,
        nats_port: int | None, host: str, region: str, policy: str, data_dir: Path,
        no_controller: bool, controller_port: int | None, postgres_port: int | None,
        dashboard_port: int | None, no_dashboard: bool, no_auth: bool, gateway_workers: int,
+       no_nats_auth: bool,
        log_level: str) -> None:
     """Run NATS, Postgres, the EC2 gateway, local nodes and the capacity controller in one
     process, until Ctrl-C.
@@ -214,7 +245,8 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
         data_dir=data_dir, nodes=nodes, driver=driver, isolation=isolation,
         node_capacity=node_capacity, nats_port=_port(nats_port, DEFAULT_NATS_PORT), host=host,
         port=_port(port, DEFAULT_PORT), region=region, policy=policy, auth=not no_auth,
-        credentials={key: secret}, controller=not no_controller,
+        credentials={key: secret}, nats_auth=not no_nats_auth, controller=not no_controller,
+        operator_key=load_or_make_operator_key(data_dir),
         postgres_port=None if no_controller else _port(postgres_port, DEFAULT_POSTGRES_PORT),
         controller_port=0 if no_controller else (
             _port(controller_port, DEFAULT_CONTROLLER_PORT) or free_port()),
@@ -225,20 +257,26 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
 
     def ready() -> str:
         endpoint = cluster.endpoint
-        controller_url = dsn = ""
+        controller_url = dsn = token = ""
         if spec.controller:
             ctl = cluster.get(ControllerComponent)
             assert isinstance(ctl, ControllerComponent)
             controller_url, dsn = ctl.url, ctl.postgres.dsn
-        env_file = data_dir / "env"
-        env_file.write_text(
-            f"export AWS_ACCESS_KEY_ID={key}\nexport AWS_SECRET_ACCESS_KEY={secret}\n"
-            f"export AWS_DEFAULT_REGION={region}\nexport AWS_ENDPOINT_URL_EC2={endpoint}\n"
-            + (f"export ROOST_DSN={dsn}\n" if dsn else "")
-        )
-        os.chmod(env_file, 0o600)
+            token = ctl.token_file.read_text().strip()
         nats = cluster.get(NatsComponent)
         assert isinstance(nats, NatsComponent)
+        env_file = data_dir / "env"
+        env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+               "AWS_DEFAULT_REGION": region, "AWS_ENDPOINT_URL_EC2": endpoint,
+               "ROOST_DSN": dsn, "ROOST_API_TOKEN": token,
+               "ROOST_CONTROLLER_URL": controller_url,
+               # `roost accounts` / `roost keys` against this cluster:
+               "ROOST_NATS": nats.url,
+               OPERATOR_KEY_FILE_ENV: str(data_dir / "operator.key"),
+               "ROOST_NATS_CREDS": str(nats.auth_dir / "admin.creds.json")
+               if spec.nats_auth else ""}
+        write_private(env_file, "".join(f"export {k}={shlex.quote(v)}\n"
+                                        for k, v in env.items() if v))
         levels = sorted({f"{a.driver.isolation}" + (f" ({a.driver.isolation_note})"
                                                      if a.driver.isolation_note else "")
                          for a in cluster.nodes}) if spec.driver == "process" else []
@@ -246,7 +284,8 @@ def up(nodes: int, driver: str, isolation: Level, node_capacity: str, port: int 
                      None)
         text = banner(spec, endpoint=endpoint, nats_url=nats.url, key=key, secret=secret,
                       controller_url=controller_url, dsn=dsn,
-                      dashboard_url=board.url if board else "", isolation=", ".join(levels))
+                      dashboard_url=board.url if board else "", isolation=", ".join(levels),
+                      env_file=env_file)
         return f"{text}\n(or: source {env_file})"
 
     try:

@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import asyncpg
 from prometheus_client import CollectorRegistry
 
+from roost.bus import subjects
+from roost.bus.auth import ClusterAuth, NatsAuth
+from roost.bus.connect import connect, key_value
 from roost.controller.adapters import FakeOrchestrator, NativeOrchestrator, NativeSettings
 from roost.controller.clock import SystemClock
 from roost.controller.config import ControllerConfig
@@ -28,14 +32,18 @@ from roost.controller.service import serve
 from roost.dashboard.server import Dashboard, DashboardConfig
 from roost.dashboard.sources import launch_counters
 from roost.decide.placement import DEFAULT_POLICY
+from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.host import HostCapacity
 from roost.domain.resources import Resources, parse_quantity
 from roost.embedded import NatsServer, PostgresServer
-from roost.embedded.proc import describe_exit, port_open, wait_until
+from roost.embedded.proc import describe_exit, port_open, wait_until, write_private
+from roost.gateway.accounts import AccountStore
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.gateway.workers import GatewayPool
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.isolation import Level
+from roost.store import apitokens
+from roost.store.roles import WORKER_ROLE, ensure_worker_role
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +57,21 @@ class Component(Protocol):
 
 
 class NatsComponent:
+    """nats-server; with ``auth``, its users and permissions are written (0600) under
+    ``<data_dir>/../nats-auth`` before it starts, and anonymous clients are refused."""
+
     name = "nats"
 
-    def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
-        self.server = NatsServer(base_dir=data_dir, port=port)
+    def __init__(self, data_dir: Path, *, port: int | None = None,
+                 auth: ClusterAuth | None = None) -> None:
+        self.auth = auth
+        self.auth_dir = data_dir.parent / "nats-auth"
+        self.server = NatsServer(base_dir=data_dir, port=port,
+                                 config_file=self.auth_dir / "nats.conf" if auth else None)
+
+    def client_auth(self, user: str) -> NatsAuth | None:
+        """The credentials of ``user`` (admin, gateway, node-<id>); None without auth."""
+        return None if self.auth is None else self.auth.auth(user)
 
     @property
     def url(self) -> str:
@@ -62,6 +81,8 @@ class NatsComponent:
         await asyncio.to_thread(self._start)
 
     def _start(self) -> None:
+        if self.auth is not None:
+            self.auth.write(self.auth_dir)
         # Its own session, unlike `NatsServer.start`: a Ctrl-C in the terminal goes to
         # the whole foreground process group, and NATS must outlive the nodes and the
         # gateway that drain through it while `roost up` shuts down in order.
@@ -99,6 +120,39 @@ class NodesComponent:
 
     async def stop(self) -> None:
         await asyncio.gather(*(a.stop() for a in self.agents), return_exceptions=True)
+
+
+class AccountsComponent:
+    """Registers the cluster's keys in the accounts bucket as admin keys of the default
+    account (the operator's: the dashboard and the controller see every account through
+    them), when it first makes that account. From then on they are keys like any other
+    (shown by ``roost accounts show 000000000000``, held to its quotas, revocable), and
+    a restart does not bring back a key the operator revoked."""
+
+    name = "accounts"
+
+    def __init__(self, nats: NatsComponent, credentials: Mapping[str, str],
+                 operator_key: bytes) -> None:
+        self.nats = nats
+        self.credentials = dict(credentials)
+        self.operator_key = operator_key
+
+    async def start(self) -> None:
+        nc = await connect([self.nats.url], name="roost-up-accounts",
+                           auth=self.nats.client_auth("admin"))
+        try:
+            store = AccountStore(await key_value(nc, subjects.ACCOUNTS_BUCKET))
+            if await store.account(DEFAULT_ACCOUNT) is not None:
+                return
+            await store.create_account("default", account_id=DEFAULT_ACCOUNT)
+            for key_id, secret in self.credentials.items():
+                await store.create_key(DEFAULT_ACCOUNT, self.operator_key, admin=True,
+                                       key_id=key_id, secret=secret)
+        finally:
+            await nc.close()
+
+    async def stop(self) -> None:
+        pass
 
 
 class GatewayComponent:
@@ -157,12 +211,13 @@ AnyGateway = GatewayComponent | GatewayPoolComponent
 
 
 class PostgresComponent:
-    """Postgres from its wheel, its data kept in ``data_dir`` across restarts."""
+    """Postgres from its wheel, its data kept in ``data_dir`` across restarts; every
+    connection needs a password (kept 0600 in ``data_dir``)."""
 
     name = "postgres"
 
     def __init__(self, data_dir: Path, *, port: int | None = None) -> None:
-        self.server = PostgresServer(base_dir=data_dir, port=port)
+        self.server = PostgresServer(base_dir=data_dir, port=port, password=True)
 
     @property
     def dsn(self) -> str:
@@ -182,7 +237,12 @@ class PostgresComponent:
 
 class ControllerComponent:
     """The capacity controller in this process, on the cluster's Postgres, with the
-    ``native`` orchestrator pointed at the cluster's gateway and a ``fake`` one."""
+    ``native`` orchestrator pointed at the cluster's gateway and a ``fake`` one.
+
+    Once the schema is migrated it makes the ``roost_worker`` role, whose DSN only
+    enrolled workers receive, and an operator token for the task API, kept (0600) in
+    ``<postgres dir>/api-token`` and reused across restarts while it is valid.
+    """
 
     name = "controller"
 
@@ -201,11 +261,43 @@ class ControllerComponent:
     def url(self) -> str:
         return f"http://{self.config.http_host}:{self.config.http_port}"
 
+    @property
+    def _secrets_dir(self) -> Path:
+        return self.postgres.server.dir
+
+    def _worker_password(self) -> str:
+        path = self._secrets_dir / "worker.password"
+        if not path.exists():
+            self._secrets_dir.mkdir(parents=True, exist_ok=True)
+            write_private(path, secrets.token_urlsafe(24))
+        return path.read_text().strip()
+
+    @property
+    def worker_dsn(self) -> str:
+        """The least-privilege role's DSN, as enrolled workers get it."""
+        return self.postgres.server.dsn_for(WORKER_ROLE, self._worker_password())
+
+    @property
+    def token_file(self) -> Path:
+        """The operator token of the task API (every pool)."""
+        return self._secrets_dir / "api-token"
+
+    async def _provision(self) -> None:
+        conn = await asyncpg.connect(self.postgres.dsn, timeout=10)
+        try:
+            await ensure_worker_role(conn, self._worker_password())
+            saved = self.token_file.read_text().strip() if self.token_file.exists() else ""
+            if not saved or await apitokens.lookup(conn, saved) is None:
+                await conn.execute("DELETE FROM api_tokens WHERE name = 'roost-up'")
+                write_private(self.token_file, await apitokens.create(conn, "roost-up", None))
+        finally:
+            await conn.close()
+
     def orchestrators(self, clock: SystemClock) -> dict[str, Orchestrator]:
         key, secret = next(iter(self.credentials.items()), ("roost", "roost"))
         native = NativeOrchestrator(NativeSettings(
             endpoint=self.gateway.endpoint, region=self.region, access_key_id=key,
-            secret_access_key=secret, dsn=self.postgres.dsn,
+            secret_access_key=secret, dsn=self.worker_dsn, controller_url=self.url,
             # The controller bounds a whole adapter call (two or three EC2 calls) by
             # io_timeout; each call gets a share, so a slow one fails as itself.
             timeout=self.config.io_timeout / 2,
@@ -225,6 +317,7 @@ class ControllerComponent:
         if self._task.done():
             self._task.result()  # raises why it failed
             raise RuntimeError("the controller stopped while starting")
+        await self._provision()
 
     async def stop(self) -> None:
         self._stop.set()
@@ -266,7 +359,8 @@ class DashboardComponent:
     async def start(self) -> None:
         gw = self.gateway
         self.dashboard = Dashboard(DashboardConfig(
-            nats_urls=[self.nats.url], controller_url=self.controller_url, host=self.host,
+            nats_urls=[self.nats.url], nats_auth=self.nats.client_auth("admin"),
+            controller_url=self.controller_url, host=self.host,
             port=self.port, credentials=self.credentials, ec2_endpoint=gw.endpoint,
             interval=self.interval,
         ), launches=lambda: launch_counters(gw.registry()))
@@ -366,6 +460,12 @@ class ClusterSpec:
     policy: str = DEFAULT_POLICY
     auth: bool = True
     credentials: Mapping[str, str] = field(default_factory=dict)
+    operator_key: bytes | None = None
+    """Seals the keys in the accounts bucket; with it, ``credentials`` are registered
+    there as the default account's keys (`AccountsComponent`)."""
+    nats_auth: bool = True
+    """NATS users and permissions per component (`roost.bus.auth`); False leaves NATS
+    open to any local process, for development only."""
     controller: bool = True
     """Also run Postgres and the capacity controller."""
     postgres_port: int | None = None
@@ -389,10 +489,13 @@ def new_credentials() -> tuple[str, str]:
 
 
 def build_components(spec: ClusterSpec) -> list[Component]:
-    nats = NatsComponent(spec.data_dir / "nats", port=spec.nats_port)
+    node_ids = [f"node-{i + 1}" for i in range(spec.nodes)]
+    nats = NatsComponent(spec.data_dir / "nats", port=spec.nats_port,
+                         auth=ClusterAuth.generate(node_ids) if spec.nats_auth else None)
     nodes = NodesComponent([
         NodeConfig(
             node_id=f"node-{i + 1}", nats_urls=[nats.url],
+            nats_auth=nats.client_auth(f"node-{i + 1}"),
             data_dir=spec.data_dir / "nodes" / f"node-{i + 1}", host=spec.node_host(),
             driver=spec.driver, isolation=spec.isolation,
             availability_zone=spec.availability_zone,
@@ -400,14 +503,19 @@ def build_components(spec: ClusterSpec) -> list[Component]:
         )
         for i in range(spec.nodes)
     ])
+    in_bucket = spec.operator_key is not None and bool(spec.credentials)
     gateway_config = GatewayConfig(
         nats_urls=[nats.url], host=spec.host, port=spec.port, region=spec.region,
-        credentials=spec.credentials, auth=spec.auth, policy=spec.policy,
+        credentials={} if in_bucket else spec.credentials, auth=spec.auth,
+        policy=spec.policy, operator_key=spec.operator_key,
+        nats_auth=nats.client_auth("gateway"),
     )
     gateway: AnyGateway = (GatewayPoolComponent(gateway_config, spec.gateway_workers)
                            if spec.gateway_workers else GatewayComponent(gateway_config))
     # The gateway before the nodes, so it hears their first capacity snapshots.
     components: list[Component] = [nats, gateway, nodes]
+    if spec.operator_key is not None and in_bucket:
+        components.insert(1, AccountsComponent(nats, spec.credentials, spec.operator_key))
     if spec.controller:
         postgres = PostgresComponent(spec.data_dir / "postgres", port=spec.postgres_port)
         controller = ControllerComponent(

@@ -21,6 +21,7 @@ import click
 
 from roost.store.errors import StoreError
 from roost.worker.config import INSTANCE_REF_ENVS, WorkerConfig
+from roost.worker.enroll import EnrollmentFailed, enrollment_requested, fetch_dsn
 from roost.worker.errors import TargetNotFound
 from roost.worker.metrics import serve_metrics
 from roost.worker.runtime import ExitReason, Worker
@@ -82,7 +83,9 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @click.command("worker")
 @click.argument("target", metavar="MODULE:FUNCTION")
 @_opt("--pool", required=True, help="The worker pool whose tasks to run.")
-@_opt("--dsn", envvar=[ENV + "DSN", "ROOST_DSN"], required=True, help="Postgres DSN.")
+@_opt("--dsn", envvar=[ENV + "DSN", "ROOST_DSN"], default=None,
+      help="Postgres DSN. Without it, a worker launched by a native pool enrolls with the "
+           "controller for one (ROOST_WORKER_ENROLL_TOKEN and _URL in its user data).")
 @_opt("--concurrency", "-c", type=click.IntRange(1), default=1, help="Tasks run at once.")
 @_opt("--lease", type=click.FloatRange(0, min_open=True), default=30.0,
       help="Seconds a claim holds a task between heartbeats.")
@@ -109,7 +112,7 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @_opt("--app-dir", default=".", help="Directory put first on sys.path to import MODULE.")
 @_opt("--log-level", default="info",
       type=click.Choice(["debug", "info", "warning", "error"]))
-def worker(target: str, pool: str, dsn: str, concurrency: int, lease: float,
+def worker(target: str, pool: str, dsn: str | None, concurrency: int, lease: float,
            heartbeat: float, poll: float, revision: str, instance_ref: str, worker_id: str,
            db_pool_size: int, retry_backoff: float, retry_backoff_max: float,
            metrics_port: int | None, metrics_host: str, app_dir: str, log_level: str) -> None:
@@ -117,6 +120,14 @@ def worker(target: str, pool: str, dsn: str, concurrency: int, lease: float,
     drain on SIGTERM or when the controller asks."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if dsn is None:
+        if not enrollment_requested():
+            raise click.UsageError("give --dsn (or ROOST_WORKER_DSN), or run where the "
+                                   "controller's enrollment token is set")
+        try:
+            dsn = fetch_dsn()
+        except EnrollmentFailed as exc:
+            raise click.ClickException(str(exc)) from None
     try:
         fn = load_target(target, app_dir)
         config = WorkerConfig(

@@ -2,10 +2,12 @@
 
     from roost.worker.client import TasksClient
 
-    with TasksClient("http://127.0.0.1:8080") as tasks:
+    with TasksClient("http://127.0.0.1:9180", token="rpt_...") as tasks:
         sub = tasks.submit("demo", {"n": 1}, idempotency_key="order-17")
         done = tasks.wait(sub.id, timeout=60)
 
+The token is a bearer token of the pool (or of every pool), made with
+``roost tokens create``; without ``token=`` the client reads ``ROOST_API_TOKEN``.
 `AsyncTasksClient` is the same with ``await``. A request with an idempotency key can be
 repeated safely after a timeout or a dropped connection: the repeat returns the task
 the first one created. Errors come back as `TaskApiError` with the problem details.
@@ -14,6 +16,7 @@ the first one created. Errors come back as `TaskApiError` with the problem detai
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 import httpx
 
 FINAL = frozenset({"succeeded", "failed"})
+TOKEN_ENV = "ROOST_API_TOKEN"
 
 
 class TaskApiError(Exception):
@@ -33,14 +37,14 @@ class TaskApiError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Submitted:
-    id: int
+    id: str
     pool: str
     created: bool
 
 
 @dataclass(frozen=True, slots=True)
 class TaskInfo:
-    id: int
+    id: str
     pool: str
     status: str
     attempts: int
@@ -80,6 +84,11 @@ def _submit_body(payload: Any, idempotency_key: str | None,
     return body
 
 
+def _headers(token: str | None) -> dict[str, str]:
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
 def _checked(r: httpx.Response) -> Any:
     if r.is_success:
         return r.json()
@@ -92,12 +101,12 @@ def _checked(r: httpx.Response) -> Any:
 
 
 def _submitted(doc: Any) -> Submitted:
-    return Submitted(int(doc["id"]), str(doc["pool"]), bool(doc["created"]))
+    return Submitted(str(doc["id"]), str(doc["pool"]), bool(doc["created"]))
 
 
 def _task(doc: Any) -> TaskInfo:
     return TaskInfo(
-        id=int(doc["id"]), pool=str(doc["pool"]), status=str(doc["status"]),
+        id=str(doc["id"]), pool=str(doc["pool"]), status=str(doc["status"]),
         attempts=int(doc["attempts"]), max_attempts=int(doc["maxAttempts"]),
         result=doc["result"], error=doc["error"], idempotency_key=doc["idempotencyKey"],
         created_at=str(doc["createdAt"]), finished_at=doc["finishedAt"],
@@ -116,9 +125,10 @@ def _pool(doc: Any) -> PoolInfo:
 
 
 class TasksClient:
-    def __init__(self, base_url: str, *, timeout: float = 10.0,
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
                  transport: httpx.BaseTransport | None = None) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport,
+                                  headers=_headers(token))
 
     def __enter__(self) -> TasksClient:
         return self
@@ -135,13 +145,13 @@ class TasksClient:
                             json=_submit_body(payload, idempotency_key, max_attempts))
         return _submitted(_checked(r))
 
-    def get(self, task_id: int) -> TaskInfo:
+    def get(self, task_id: str) -> TaskInfo:
         return _task(_checked(self._http.get(f"/api/v1/tasks/{task_id}")))
 
     def pool(self, pool: str) -> PoolInfo:
         return _pool(_checked(self._http.get(f"/api/v1/pools/{pool}")))
 
-    def wait(self, task_id: int, *, timeout: float = 60.0, every: float = 0.2) -> TaskInfo:
+    def wait(self, task_id: str, *, timeout: float = 60.0, every: float = 0.2) -> TaskInfo:
         """Poll until the task has succeeded or failed for good."""
         deadline = time.monotonic() + timeout
         while not (task := self.get(task_id)).finished:
@@ -152,9 +162,10 @@ class TasksClient:
 
 
 class AsyncTasksClient:
-    def __init__(self, base_url: str, *, timeout: float = 10.0,
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 10.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout,
+                                       transport=transport, headers=_headers(token))
 
     async def __aenter__(self) -> AsyncTasksClient:
         return self
@@ -171,13 +182,13 @@ class AsyncTasksClient:
                                   json=_submit_body(payload, idempotency_key, max_attempts))
         return _submitted(_checked(r))
 
-    async def get(self, task_id: int) -> TaskInfo:
+    async def get(self, task_id: str) -> TaskInfo:
         return _task(_checked(await self._http.get(f"/api/v1/tasks/{task_id}")))
 
     async def pool(self, pool: str) -> PoolInfo:
         return _pool(_checked(await self._http.get(f"/api/v1/pools/{pool}")))
 
-    async def wait(self, task_id: int, *, timeout: float = 60.0,
+    async def wait(self, task_id: str, *, timeout: float = 60.0,
                    every: float = 0.2) -> TaskInfo:
         deadline = time.monotonic() + timeout
         while not (task := await self.get(task_id)).finished:
@@ -187,8 +198,8 @@ class AsyncTasksClient:
         return task
 
 
-def submit_task(base_url: str, pool: str, payload: Any, *,
-                idempotency_key: str | None = None) -> int:
+def submit_task(base_url: str, pool: str, payload: Any, *, token: str | None = None,
+                idempotency_key: str | None = None) -> str:
     """Submit one task and return its id: the one-call form of `TasksClient.submit`."""
-    with TasksClient(base_url) as client:
+    with TasksClient(base_url, token=token) as client:
         return client.submit(pool, payload, idempotency_key=idempotency_key).id

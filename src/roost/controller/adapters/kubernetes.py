@@ -12,11 +12,13 @@
 - ``set_instance_termination_priority``: annotates the pod with
   ``controller.kubernetes.io/pod-deletion-cost`` and reads the answer to confirm it
   landed; priority 0 removes the annotation.
-- Safety (see `k8s.safety`): one replica fewer only when every other pod is Ready,
-  Running and scheduled, no rollout is mixing ReplicaSets, and the drained pod's cost is
-  strictly the lowest, read back fresh; otherwise `UnsafeScaleDown`. After a scale-down
-  the adapter watches which pod left and keeps the outcome (`removal_checks`), so a
-  mismatch shows up in ``/status`` and in the log.
+- Safety (see `k8s.safety`): k replicas fewer only for k pods carrying roost's removal
+  mark (a batch of drained workers, or one replica when none is marked), and only when
+  every other pod is Ready, Running and scheduled, no rollout is mixing ReplicaSets, and
+  every other pod costs strictly more to delete than every drained one, read back fresh;
+  otherwise `UnsafeScaleDown`. After a scale-down the adapter watches which pods left
+  and keeps the outcome (`removal_checks`), so a mismatch shows up in ``/status`` and in
+  the log.
 
 Beyond the Protocol the controller may call `report()` (JSON for ``/status``),
 `removal_checks()` and `details()`; a drain aborted after its pod was marked is undone
@@ -160,7 +162,8 @@ class KubernetesOrchestrator:
         self._namespace = self.settings.namespace or client.namespace or "default"
         self._cluster = ClusterReader(client, ttl=self.settings.cluster_view_ttl,
                                       use_metrics=self.settings.use_metrics)
-        self._marks: dict[str, tuple[str, int]] = {}
+        self._marks: dict[str, dict[str, int]] = {}
+        """Per pool, the pods marked for the removal being prepared, with their cost."""
         self._checks: dict[str, list[RemovalCheck]] = {}
         self._written: dict[str, int] = {}
         self._details: dict[str, PoolDetails] = {}
@@ -209,7 +212,7 @@ class KubernetesOrchestrator:
                             for p in active),
             nodes=choice.figures,
             observed_at=now,
-            removal_batch=1,  # scale_pool verifies one marked pod per scale-down
+            removal_batch=None,  # scale_pool verifies every marked pod of a batch
         )
 
     async def scale_pool(self, pool: PoolRef, replicas: int, *, request_id: str) -> ScaleResult:
@@ -221,16 +224,19 @@ class KubernetesOrchestrator:
             return ScaleResult(current, replicas)
         check: RemovalCheck | None = None
         if replicas < current:
-            if replicas < current - 1:
-                raise UnsafeScaleDown(f"{dep}: asked for {replicas} from {current}; roost "
-                                      "removes one drained replica at a time")
             pods = await self._pods(dep, scale)
-            victim, cost = self._victim(pool.pool_id, pods)
-            blockers = removal_blockers(pods, replicas=current, victim=victim,
-                                        expected_cost=cost)
+            victims = self._victims(pool.pool_id, pods)
+            k = current - replicas
+            if k != max(1, len(victims)):
+                marked = f"{len(victims)} marked pods" if victims else "no marked pod"
+                raise UnsafeScaleDown(f"{dep}: asked for {replicas} from {current} with "
+                                      f"{marked}; roost removes exactly the drained replicas "
+                                      "(one when none is marked)")
+            blockers = removal_blockers(pods, replicas=current, victims=victims)
             if blockers:
-                raise UnsafeScaleDown(f"not removing a replica of {dep}: {'; '.join(blockers)}")
-            check = RemovalCheck(pool.pool_id, str(dep), victim,
+                raise UnsafeScaleDown(f"not removing {k} of {dep}'s replicas: "
+                                      f"{'; '.join(blockers)}")
+            check = RemovalCheck(pool.pool_id, str(dep), tuple(sorted(victims)),
                                  tuple(sorted(name(p) for p in pods if is_active(p))),
                                  replicas, self._now())
         body = {"metadata": {"resourceVersion": scale.resource_version},
@@ -244,7 +250,7 @@ class KubernetesOrchestrator:
             self._checks.setdefault(pool.pool_id, []).append(check)
             self._marks.pop(pool.pool_id, None)
         log.info("scaled %s from %d to %d (request %s%s)", dep, current, replicas, request_id,
-                 f", removing {check.expected}" if check and check.expected else "")
+                 f", removing {', '.join(check.expected)}" if check and check.expected else "")
         return ScaleResult(current, replicas)
 
     async def set_instance_termination_priority(
@@ -260,16 +266,18 @@ class KubernetesOrchestrator:
         if not is_active(pod):
             log.info("pod %s of %s is already leaving; not annotating it", instance_ref, dep)
             return
-        if priority < 0:  # one removal at a time: roost's older marks are stale
+        batch = self._marks.setdefault(pool.pool_id, {})
+        if priority < 0:  # marks outside the batch being prepared are stale
             for other in pods:
                 marked = REMOVAL_MARK in pod_annotations(other)
-                if other is not pod and marked and is_active(other):
+                if (other is not pod and marked and is_active(other)
+                        and name(other) not in batch):
                     await self._annotate(dep, name(other), None)
         await self._annotate(dep, instance_ref, priority)
         if priority < 0:
-            self._marks[pool.pool_id] = (instance_ref, priority)
-        elif self._marks.get(pool.pool_id, ("",))[0] == instance_ref:
-            del self._marks[pool.pool_id]
+            batch[instance_ref] = priority
+        else:
+            batch.pop(instance_ref, None)
 
     async def close(self) -> None:
         await self._client.close()
@@ -342,19 +350,15 @@ class KubernetesOrchestrator:
             raise OrchestratorError(f"{DELETION_COST} on {pod} reads {found!r} after setting "
                                     f"{want!r}: a webhook or another controller changed it")
 
-    def _victim(self, pool_id: str, pods: list[Pod]) -> tuple[str | None, int | None]:
-        """The drained pod this adapter marked, else the one pod carrying roost's mark."""
+    def _victims(self, pool_id: str, pods: list[Pod]) -> dict[str, int | None]:
+        """The drained pods to remove, with the cost each should carry: those this
+        adapter marked, else (a new leader) every active pod carrying roost's mark."""
         active = {name(p): p for p in pods if is_active(p)}
-        mark = self._marks.get(pool_id)
-        if mark is not None and mark[0] in active:
-            return mark
-        marked = sorted(n for n, p in active.items() if REMOVAL_MARK in pod_annotations(p))
-        if len(marked) > 1:
-            raise UnsafeScaleDown(f"pods {', '.join(marked)} all carry roost's removal mark")
-        if marked:
-            cost = pod_annotations(active[marked[0]]).get(DELETION_COST)
-            return marked[0], parse_cost(cost)
-        return None, None
+        batch = self._marks.get(pool_id)
+        if batch:
+            return {n: c for n, c in batch.items() if n in active}
+        return {n: parse_cost(pod_annotations(p).get(DELETION_COST))
+                for n, p in active.items() if REMOVAL_MARK in pod_annotations(p)}
 
     def _resolve(self, pool_id: str, pods: list[Pod]) -> None:
         checks = self._checks.get(pool_id)

@@ -14,7 +14,10 @@ Each replica is one instance of ``type`` whose user data (the shell image) runs:
 
     exec <python> -m roost worker --pool <pool id> <target> [--concurrency N] [--app-dir D]
 
-with the controller's DSN in ``ROOST_WORKER_DSN``. The node sets ``ROOST_INSTANCE_ID``,
+with an enrollment token and the controller's URL in ``ROOST_WORKER_ENROLL_TOKEN`` and
+``ROOST_WORKER_ENROLL_URL``, never a database credential: the worker exchanges the token
+for the DSN of the least-privilege worker role (`roost.controller.enrollment`), which
+`enroll` checks against this pool's instances. The node sets ``ROOST_INSTANCE_ID``,
 which the worker reports as its orchestrator ref, so the drained worker names the
 instance to terminate. Instances carry the tag ``roost:pool=<pool id>``; their
 termination priority is the tag ``roost:termination-priority`` (absent means 0).
@@ -29,6 +32,12 @@ unreachable gateway or a 5xx is `OrchestratorUnavailable`. Scale-down terminates
 Kubernetes' order, pending instances first, then the lowest termination priority, then
 the newest: with the controller's drained worker at -1000, that worker's instance.
 
+**Lost nodes.** An instance whose ``DescribeInstanceStatus`` system status is
+``impaired`` (its node is silent) is not a replica: the plan sees the pool short and
+launches a replacement, and the instance is terminated (deferred by the gateway until
+its node is back or forgotten), so a returning node never adds a worker on top of its
+replacement.
+
 **Node figures** come from the gateway's admin API (``GET /api/v1/nodes``): live,
 non-draining nodes big enough for one worker, with allocatable and used (allocatable
 minus free) CPU and memory.
@@ -36,22 +45,30 @@ minus free) CPU and memory.
 botocore is synchronous, so each EC2 call runs in a thread under a timeout.
 
 **Settings** come from `roost up` (its own gateway, keys and Postgres) or, for a
-standalone controller, from a TOML file read by `load_settings` (the DSN defaults to the
-controller's own; the keys may come from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)::
+standalone controller, from a TOML file read by `load_settings` (the DSN and the
+controller URL default to the controller's own; the keys may come from
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)::
 
     endpoint = "http://gateway.internal:8773"
     region = "roost-1"
     access_key_id = "AKIA..."
     secret_access_key = "..."
-    dsn = "postgresql://roost@db.internal/roost"   # what the workers connect to
+    controller_url = "http://controller.internal:9180"  # where workers enroll
+    dsn = "postgresql://roost_worker:...@db.internal/roost"  # given to enrolled workers
     python = "/opt/app/venv/bin/python"            # on the nodes
     timeout = 5
+    enroll_ttl = 600                               # seconds after launch a worker may enroll
+
+``dsn`` should name the ``roost_worker`` role (`roost db worker-role` makes it and prints
+its DSN); it defaults to the controller's own, which works but gives workers far more
+than they need.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shlex
 import sys
@@ -69,7 +86,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.session import get_session
 
-from roost.controller import tomlfile
+from roost.controller import enrollment, tomlfile
 from roost.controller.orchestrator import (
     InstanceView,
     NodeFigures,
@@ -86,6 +103,8 @@ from roost.controller.orchestrator import (
 from roost.domain.catalog import BUILTIN
 from roost.domain.images import DEFAULT_IMAGE_ID
 
+log = logging.getLogger(__name__)
+
 POOL_TAG = "roost:pool"
 PRIORITY_TAG = "roost:termination-priority"
 _LIVE_STATES = ("pending", "running")
@@ -101,18 +120,27 @@ class NativeSettings:
     access_key_id: str
     secret_access_key: str
     dsn: str
+    """The workers' DSN: handed out only to an instance that enrolls, never put in user
+    data."""
+    controller_url: str
+    """The controller's HTTP API as the workers reach it, to enroll."""
     python: str = sys.executable
     image_id: str = DEFAULT_IMAGE_ID
     timeout: float = 10.0
     """Seconds for one EC2 or admin API call, connection included."""
+    enroll_ttl: float = 600.0
+    """Seconds after its launch during which an instance may enroll (once)."""
 
 
-def load_settings(path: Path, *, dsn: str,
+def load_settings(path: Path, *, dsn: str, controller_url: str = "",
                   environ: Mapping[str, str] | None = None) -> NativeSettings:
-    """`NativeSettings` from a TOML file, or ValueError naming what is wrong."""
+    """`NativeSettings` from a TOML file, or ValueError naming what is wrong. ``dsn`` and
+    ``controller_url`` (the controller's own) are the defaults of those keys."""
     env = os.environ if environ is None else environ
     doc = tomlfile.read(path)
     doc.setdefault("dsn", dsn)
+    if controller_url:
+        doc.setdefault("controller_url", controller_url)
     for key, var in (("access_key_id", "AWS_ACCESS_KEY_ID"),
                      ("secret_access_key", "AWS_SECRET_ACCESS_KEY")):
         if key not in doc and var in env:
@@ -158,9 +186,10 @@ def parse_ref(ref: str) -> PoolSpec:
                     fields.get("app_dir"), fields.get("revision"))
 
 
-def user_data(pool_id: str, spec: PoolSpec, settings: NativeSettings) -> str:
-    """The shell script one replica's instance runs."""
-    env = {"ROOST_WORKER_DSN": settings.dsn}
+def user_data(pool_id: str, spec: PoolSpec, settings: NativeSettings, token: str) -> str:
+    """The shell script one replica's instance runs: an enrollment token, no secret."""
+    env = {enrollment.ENV_TOKEN: token,
+           enrollment.ENV_URL: settings.controller_url.rstrip("/")}
     if spec.revision:
         env["ROOST_WORKER_REVISION"] = spec.revision
     cmd = [settings.python, "-m", "roost", "worker", "--pool", pool_id, spec.target]
@@ -220,6 +249,7 @@ class NativeOrchestrator:
         self._http = httpx.AsyncClient(timeout=settings.timeout)
         self._auth = SigV4Auth(Credentials(settings.access_key_id, settings.secret_access_key),
                                "ec2", settings.region)
+        self._enroll_key = enrollment.derive_key(settings.secret_access_key)
 
     # ---- the protocol -----------------------------------------------------------------
 
@@ -259,6 +289,30 @@ class NativeOrchestrator:
         await self._ec2_call("CreateTags", Resources=[instance_ref],
                              Tags=[{"Key": PRIORITY_TAG, "Value": str(priority)}])
 
+    async def enroll(self, token: str, instance_id: str) -> str | None:
+        """The pool an enrollment token was issued for, if ``instance_id`` is a live
+        instance of that pool launched less than ``enroll_ttl`` ago; else None. (That
+        the instance enrolls only once is the caller's to record.)"""
+        found = enrollment.verify(self._enroll_key, token)
+        if found is None or not enrollment.INSTANCE_ID.fullmatch(instance_id):
+            return None
+        try:
+            page = await self._ec2_call("DescribeInstances", InstanceIds=[instance_id], Filters=[
+                {"Name": f"tag:{POOL_TAG}", "Values": [found.pool_id]},
+                {"Name": "instance-state-name", "Values": list(_LIVE_STATES)},
+            ])
+        except OrchestratorUnavailable:
+            raise
+        except OrchestratorError:
+            return None  # InvalidInstanceID.NotFound and the like
+        for reservation in page.get("Reservations", []):
+            for inst in reservation.get("Instances", []):
+                launched = inst.get("LaunchTime")
+                age = self._now() - launched.timestamp() if launched else float("inf")
+                if inst["InstanceId"] == instance_id and age <= self.settings.enroll_ttl:
+                    return found.pool_id
+        return None
+
     async def close(self) -> None:
         await self._http.aclose()
         self._ec2.close()
@@ -279,10 +333,12 @@ class NativeOrchestrator:
         the launch is repeated under a token salted with those ids, still deterministic."""
         tags = [{"Key": POOL_TAG, "Value": pool.pool_id}]
         for _ in range(4):
+            enroll = enrollment.issue(self._enroll_key, pool.pool_id, token)
             reply = await self._ec2_call(
                 "RunInstances", ImageId=self.settings.image_id,
                 InstanceType=spec.instance_type, MinCount=1, MaxCount=count,
-                ClientToken=token, UserData=user_data(pool.pool_id, spec, self.settings),
+                ClientToken=token,
+                UserData=user_data(pool.pool_id, spec, self.settings, enroll),
                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
             )
             launched = reply.get("Instances", [])
@@ -293,6 +349,37 @@ class NativeOrchestrator:
         raise ScaleRejected(f"pool {pool.pool_id}: ClientToken kept naming finished launches")
 
     async def _instances(self, pool: PoolRef) -> list[_Instance]:
+        """The pool's replicas: its pending and running instances, less those on a lost
+        node, which are terminated (deferred until the node is back or forgotten) so a
+        returning node does not bring back workers already replaced."""
+        out = await self._listed(pool)
+        lost = await self._impaired({i.instance_id for i in out})
+        if lost:
+            log.warning("pool %s: %d instances on lost nodes are gone, replacing them: %s",
+                        pool.pool_id, len(lost), ", ".join(sorted(lost)))
+            try:
+                await self._ec2_call("TerminateInstances", InstanceIds=sorted(lost))
+            except OrchestratorError as exc:  # not counted either way; tried next tick
+                log.warning("pool %s: terminating instances on lost nodes: %s",
+                            pool.pool_id, exc)
+        return [i for i in out if i.instance_id not in lost]
+
+    async def _impaired(self, ids: set[str]) -> set[str]:
+        """Those of ``ids`` whose system status is impaired: their node is lost."""
+        if not ids:
+            return set()
+        found: set[str] = set()
+        kwargs: dict[str, Any] = {"IncludeAllInstances": True, "Filters": [
+            {"Name": "system-status.status", "Values": ["impaired"]}]}
+        while True:
+            page = await self._ec2_call("DescribeInstanceStatus", **kwargs)
+            found.update(s["InstanceId"] for s in page.get("InstanceStatuses", []))
+            token = page.get("NextToken")
+            if not token:
+                return found & ids
+            kwargs["NextToken"] = token
+
+    async def _listed(self, pool: PoolRef) -> list[_Instance]:
         out: list[_Instance] = []
         kwargs: dict[str, Any] = {"Filters": [
             {"Name": f"tag:{POOL_TAG}", "Values": [pool.pool_id]},

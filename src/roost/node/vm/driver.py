@@ -28,7 +28,14 @@ from pathlib import Path
 from roost.domain.catalog import InstanceType
 from roost.domain.images import IMAGES, MICROVM_IMAGE_ID, Image
 from roost.node.cgroups import Limits
-from roost.node.drivers import DriverError, ExitCallback, ProcessRef, StartSpec, alive
+from roost.node.drivers import (
+    ExitCallback,
+    ImageMissing,
+    ProcessRef,
+    StartSpec,
+    Unrunnable,
+    alive,
+)
 from roost.node.isolation import Isolation, Level, limits_for, make_isolation
 from roost.node.metadata import ENDPOINT_ENV
 from roost.node.process import ProcessDriver
@@ -47,10 +54,11 @@ class VmDriver(ProcessDriver):
 
     def __init__(self, isolation: Isolation, *, images_dir: Path, qemu_binary: str | None,
                  accelerator: qemu.Accelerator,
-                 overhead_mib: int = DEFAULT_OVERHEAD_MIB) -> None:
+                 overhead_mib: int = DEFAULT_OVERHEAD_MIB, qemu_name: str = qemu.QEMU) -> None:
         super().__init__(isolation)
         self.images_dir = images_dir
         self.qemu = qemu_binary
+        self.qemu_name = qemu_name
         self.accel = accelerator
         self.overhead_mib = overhead_mib
         self._reset: set[str] = set()
@@ -60,8 +68,12 @@ class VmDriver(ProcessDriver):
     def isolation_note(self) -> str:
         notes = [n for n in (self._iso.note, self.accel.note) if n]
         if self.qemu is None:
-            notes.append(qemu.missing_qemu())
+            notes.append(qemu.missing_qemu(self.qemu_name))
         return "; ".join(notes)
+
+    @property
+    def cannot_launch(self) -> str:
+        return "" if self.qemu is not None else qemu.missing_qemu(self.qemu_name)
 
     def limits(self, itype: InstanceType) -> Limits:
         base = limits_for(itype)
@@ -70,39 +82,42 @@ class VmDriver(ProcessDriver):
 
     # -- starting ------------------------------------------------------------------
 
-    def boot_files(self, image: Image) -> tuple[Path, Path | None]:
-        """The image's kernel and initramfs on this node; `DriverError` saying what is
-        missing (and how to make it) when the node lacks them."""
+    def boot_files(self, image: Image) -> qemu.Boot:
+        """What QEMU boots for the image on this node; `Unrunnable` saying what is
+        missing (and how to make it) when the node lacks it."""
         if not image.bootable and image.interpreter == "sh":
             # roost-shell promises user data under /bin/sh: roost-microvm's init keeps
             # that promise, so the default image launches on a vm node too.
             image = IMAGES[MICROVM_IMAGE_ID]
         if not image.bootable:
-            raise DriverError(f"image {image.image_id} ({image.name}) is not a VM image; "
-                              f"the vm driver boots images with a kernel, such as "
-                              f"ami-00000000000000003 (roost-microvm)")
-        kernel = self.images_dir / image.kernel
-        initrd = self.images_dir / image.initrd if image.initrd else None
-        for path in (kernel, initrd):
-            if path is not None and not path.is_file():
-                raise DriverError(f"image {image.image_id} ({image.name}): {path} is not on "
-                                  f"this node (build it with `roost images build`)")
-        return kernel, initrd
+            raise Unrunnable(f"image {image.image_id} ({image.name}) is not a VM image; "
+                             f"the vm driver boots images with a kernel or a disk, such "
+                             f"as ami-00000000000000003 (roost-microvm)")
+        fix = ("build it with `roost images build`" if not image.registered
+               else "copy the image's files to the same path on every vm node")
+        paths = [self.images_dir / f for f in image.files]  # absolute paths stay as they are
+        for path in paths:
+            if not path.is_file() or not os.access(path, os.R_OK):
+                raise ImageMissing(f"image {image.image_id} ({image.name}): {path} is not "
+                                 f"on this node ({fix})")
+        if image.disk:
+            return qemu.Boot(disk=paths[0], disk_format=image.disk_format or "raw")
+        return qemu.Boot(kernel=paths[0], initrd=paths[1] if image.initrd else None)
 
-    def prepare(self, spec: StartSpec) -> None:
+    def check_image(self, image: Image) -> None:
         if self.qemu is None:
-            raise DriverError(qemu.missing_qemu())
-        self.boot_files(spec.image)
-        super().prepare(spec)
+            raise Unrunnable(qemu.missing_qemu(self.qemu_name))
+        self.boot_files(image)
 
     def _command(self, spec: StartSpec) -> list[str]:
         if self.qemu is None:
-            raise DriverError(qemu.missing_qemu())
-        kernel, initrd = self.boot_files(spec.image)
+            raise Unrunnable(qemu.missing_qemu(self.qemu_name))
+        boot = self.boot_files(spec.image)
         spec.workdir.mkdir(parents=True, exist_ok=True)
         (spec.workdir / qemu.QMP_SOCKET).unlink(missing_ok=True)
-        return qemu.command(self.qemu, itype=spec.itype, kernel=kernel, initrd=initrd,
-                            workdir=spec.workdir, accel=self.accel.accel,
+        return qemu.command(self.qemu, itype=spec.itype, boot=qemu.instance_disks(
+                                boot, spec.workdir), workdir=spec.workdir,
+                            accel=self.accel.accel,
                             imds_port=_port(spec.env.get(ENDPOINT_ENV, "")))
 
     async def start(self, spec: StartSpec, on_exit: ExitCallback) -> ProcessRef | None:
@@ -165,6 +180,8 @@ def _port(endpoint: str) -> int | None:
 
 ACCEL_ENV = "ROOST_VM_ACCEL"
 """kvm, tcg or auto (the default): auto probes KVM once when the node starts."""
+QEMU_ENV = "ROOST_QEMU"
+"""The QEMU binary, a name on PATH or a path (default ``qemu-system-x86_64``)."""
 
 
 def make_vm_driver(*, node_id: str, isolation: Level, data_dir: Path,
@@ -174,10 +191,12 @@ def make_vm_driver(*, node_id: str, isolation: Level, data_dir: Path,
     level: Level = "cgroup" if isolation == "sandbox" else isolation
     iso = make_isolation(level, node_id=node_id, data_dir=data_dir)
     images = images_dir or default_images_dir()
-    binary = qemu.qemu_binary()
+    name = os.environ.get(QEMU_ENV) or qemu.QEMU
+    binary = qemu.qemu_binary(name)
     wanted = os.environ.get(ACCEL_ENV, "auto")
     if binary is None:
-        log.error("node %s: %s; every launch will be refused", node_id, qemu.missing_qemu())
+        log.error("node %s: %s; every launch will be refused", node_id,
+                  qemu.missing_qemu(name))
         accel = qemu.Accelerator("tcg", "")
     elif wanted == "kvm":
         accel = qemu.Accelerator("kvm", "")
@@ -189,7 +208,8 @@ def make_vm_driver(*, node_id: str, isolation: Level, data_dir: Path,
         log.warning("node %s: %s", node_id, accel.note)
     else:
         log.info("node %s: micro-VMs under %s", node_id, accel.accel.upper())
-    return VmDriver(iso, images_dir=images, qemu_binary=binary, accelerator=accel)
+    return VmDriver(iso, images_dir=images, qemu_binary=binary, accelerator=accel,
+                    qemu_name=name)
 
 
 def _probed(binary: str, kernel: Path, data_dir: Path) -> qemu.Accelerator:

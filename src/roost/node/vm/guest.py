@@ -4,11 +4,22 @@ It brings the machine up, reads its user data from the metadata service at
 169.254.169.254 (IMDSv2 when it can get a token, as the AWS tools do), runs it under sh
 with its output on the serial console, then idles like a booted host. The ACPI power
 button (QMP ``system_powerdown``, sent by stop-instances) powers it off cleanly.
+
+- **User data runs at first boot only**, as cloud-init's scripts-user does by default
+  (once per instance): before running it, init writes ``roost-user-data:<instance id>``
+  to the instance's state disk (``/dev/vda``, `roost.node.vm.qemu.STATE_DISK`), which
+  outlives reboots and stop/start; at a later boot it finds the mark and says so on the
+  console instead. Marked before, not after: a script that never ends (a service) must
+  not start twice.
+- **The private address**: eth0 leases 169.254.169.15 from QEMU's user-mode network
+  (the link to the metadata service), and init adds the instance's own address, what
+  EC2 shows as its PrivateIpAddress (metadata ``local-ipv4``), to eth0 as a /32, so
+  ``ip addr`` in the guest agrees with DescribeInstances.
 """
 
 from __future__ import annotations
 
-MODULES = ("virtio_mmio", "virtio_pci", "virtio_net", "button", "evdev")
+MODULES = ("virtio_mmio", "virtio_pci", "virtio_net", "virtio_blk", "button", "evdev")
 """Kernel modules the guest needs: Debian builds virtio, its transports (mmio for
 microvm, PCI for q35) and the power button as modules. The build adds what they depend
 on and writes the load order to /lib/modules/order."""
@@ -57,6 +68,27 @@ until imds user-data >/tmp/user-data 2>/tmp/imds-error; do
     [ $tries -ge 50 ] && { echo "roost-microvm: metadata service unreachable"; break; }
     sleep 0.1
 done
+# The instance's own address, as EC2 shows it, beside the link to the metadata service;
+# and its id, for the first-boot mark (both asked at once: each ask is a round trip).
+imds local-ipv4 >/tmp/local-ipv4 2>/dev/null &
+asking=$!
+iid=$(imds instance-id 2>/dev/null)
+wait $asking
+addr=$(cat /tmp/local-ipv4)
+if [ -n "$addr" ]; then
+    ip addr add "$addr/32" dev eth0 && echo "roost-microvm: private address $addr"
+fi
+
+# User data at first boot only: the state disk remembers the instance that ran it.
+mark="roost-user-data:$iid"
+seen=""
+[ -b /dev/vda ] && seen=$(dd if=/dev/vda bs=64 count=1 2>/dev/null | tr -d '\000')
+if [ -n "$iid" ] && [ "$seen" = "$mark" ]; then
+    echo "roost-microvm: user data ran at first boot; not again"
+    : >/tmp/user-data
+elif [ -b /dev/vda ] && [ -n "$iid" ]; then
+    printf '%s' "$mark" | dd of=/dev/vda conv=notrunc 2>/dev/null && sync
+fi
 echo "READY"
 if [ -s /tmp/user-data ]; then
     chmod +x /tmp/user-data
@@ -82,9 +114,17 @@ ask() {  # the request on stdin; the answer, without CRs, into /tmp/imds.$$
     tr -d '\r' </tmp/raw.$$ >/tmp/imds.$$
     rm -f /tmp/in.$$ /tmp/raw.$$
 }
-printf 'PUT /latest/api/token HTTP/1.0\r\nX-aws-ec2-metadata-token-ttl-seconds: 300\r\n\r\n' | ask
-token=""
-head -n 1 /tmp/imds.$$ | grep -q " 200 " && token=$(sed '1,/^$/d' /tmp/imds.$$)
+# The token is kept in /tmp/imds-token for its 6 hours (each connection costs a
+# forwarder process on the host), and asked for again once the service refuses it.
+token=$(cat /tmp/imds-token 2>/dev/null)
+if [ -z "$token" ]; then
+    ttl="X-aws-ec2-metadata-token-ttl-seconds: 21600"
+    printf 'PUT /latest/api/token HTTP/1.0\r\n%s\r\n\r\n' "$ttl" | ask
+    if head -n 1 /tmp/imds.$$ | grep -q " 200 "; then
+        token=$(sed '1,/^$/d' /tmp/imds.$$)
+        printf '%s' "$token" >/tmp/imds-token.$$ && mv /tmp/imds-token.$$ /tmp/imds-token
+    fi
+fi
 if [ -n "$token" ]; then
     printf 'GET %s HTTP/1.0\r\nX-aws-ec2-metadata-token: %s\r\n\r\n' "$path" "$token" | ask
 else
@@ -92,6 +132,9 @@ else
 fi
 status=$(head -n 1 /tmp/imds.$$)
 case "$status" in
+    *" 401 "*) rm -f /tmp/imds-token /tmp/imds.$$
+               [ -z "$IMDS_AGAIN" ] && IMDS_AGAIN=1 exec "$0" "$@"
+               echo "imds $path: $status" >&2; exit 1 ;;
     *" 200 "*) sed '1,/^$/d' /tmp/imds.$$; rm -f /tmp/imds.$$ ;;
     *) echo "imds $path: ${status:-no answer}" >&2; rm -f /tmp/imds.$$; exit 1 ;;
 esac

@@ -90,12 +90,57 @@ def probe_accelerator(qemu: str, kernel: Path | None, *, timeout: float = 4.0) -
                               "emulation, many times slower")
 
 
+STATE_DISK = "state.img"
+STATE_DISK_BYTES = 64 * 1024
+"""A small raw disk per instance that outlives reboots and stop/start: roost-microvm's
+init marks it when it has run the user data, so that the user data runs at first boot
+only, as cloud-init's scripts-user does."""
+DISK_OVERLAY = "disk.qcow2"
+
+
+@dataclass(frozen=True, slots=True)
+class Boot:
+    """What one machine boots: a kernel (and initramfs), or a disk with its own boot
+    loader; ``state`` is the instance's state disk (kernel images only)."""
+
+    kernel: Path | None = None
+    initrd: Path | None = None
+    disk: Path | None = None
+    disk_format: str = "raw"
+    state: Path | None = None
+
+
+def instance_disks(boot: Boot, workdir: Path) -> Boot:
+    """``boot`` with the instance's own disks, made on first use: a kernel image gets a
+    state disk; a disk image a qcow2 overlay on it (``qemu-img``), so the image itself
+    is never written and what the guest writes lasts across stop and start."""
+    if boot.kernel is not None:
+        state = workdir / STATE_DISK
+        if not state.exists():
+            with state.open("wb") as f:
+                f.truncate(STATE_DISK_BYTES)
+        return Boot(kernel=boot.kernel, initrd=boot.initrd, state=state)
+    assert boot.disk is not None
+    overlay = workdir / DISK_OVERLAY
+    if not overlay.exists():
+        tool = shutil.which("qemu-img")
+        if tool is None:
+            raise OSError("qemu-img is not installed on this node (Debian/Ubuntu: "
+                          "apt-get install qemu-utils)")
+        done = subprocess.run([tool, "create", "-q", "-f", "qcow2", "-b", str(boot.disk),
+                               "-F", boot.disk_format, str(overlay)],
+                              capture_output=True, text=True, check=False, timeout=60)
+        if done.returncode != 0:
+            raise OSError(f"qemu-img create failed: {done.stderr.strip()[-300:]}")
+    return Boot(disk=overlay, disk_format="qcow2")
+
+
 def vcpus(itype: InstanceType) -> int:
     return max(1, math.ceil(itype.cpu_milli / 1000))
 
 
-def command(qemu: str, *, itype: InstanceType, kernel: Path, initrd: Path | None,
-            workdir: Path, accel: Accel, imds_port: int | None) -> list[str]:
+def command(qemu: str, *, itype: InstanceType, boot: Boot, workdir: Path, accel: Accel,
+            imds_port: int | None) -> list[str]:
     """QEMU's argv for one instance: the serial console on stdout (the driver points it
     at console.log), QMP on a unix socket in the instance's directory."""
     net = f"user,id=net0,net={GUEST_NET},dhcpstart={GUEST_ADDRESS}"
@@ -104,23 +149,31 @@ def command(qemu: str, *, itype: InstanceType, kernel: Path, initrd: Path | None
         # instance's cgroup: the metadata service recognises its caller as for a process.
         net += (f",guestfwd=tcp:{METADATA_ADDRESS}:80-cmd:"
                 f"{_connector()} 127.0.0.1 {imds_port}")
-    # microvm under KVM; under TCG its guest finds no clock to calibrate against, so q35.
+    # microvm under KVM; under TCG its guest finds no clock to calibrate against, so q35,
+    # and q35 for a disk too (its firmware runs the disk's boot loader).
     # TCG's translation cache is capped (its default, 1 GiB, would count against the
     # instance's memory limit).
-    machine, accel_opt = (("microvm", "kvm") if accel == "kvm"
-                          else ("q35", f"tcg,tb-size={TCG_CACHE_MIB}"))
-    nic = "virtio-net-device" if accel == "kvm" else "virtio-net-pci"
+    micro = accel == "kvm" and boot.kernel is not None
+    machine = "microvm" if micro else "q35"
+    accel_opt = "kvm" if accel == "kvm" else f"tcg,tb-size={TCG_CACHE_MIB}"
+    bus = "device" if micro else "pci"
     argv = [
         qemu, "-name", workdir.name, "-machine", machine, "-accel", accel_opt,
         "-cpu", "host" if accel == "kvm" else "max",
         "-smp", str(vcpus(itype)), "-m", str(itype.mem_mib),
         "-no-user-config", "-display", "none", "-monitor", "none", "-serial", "stdio",
         "-qmp", f"unix:{workdir / QMP_SOCKET},server=on,wait=off",
-        "-kernel", str(kernel), "-append", KERNEL_ARGS,
-        "-netdev", net, "-device", f"{nic},netdev=net0",
+        "-netdev", net, "-device", f"virtio-net-{bus},netdev=net0",
     ]
-    if initrd is not None:
-        argv[argv.index("-append"):argv.index("-append")] = ["-initrd", str(initrd)]
+    if boot.kernel is not None:
+        argv += ["-kernel", str(boot.kernel), "-append", KERNEL_ARGS]
+        if boot.initrd is not None:
+            argv += ["-initrd", str(boot.initrd)]
+    for drive, path, fmt in (("disk", boot.disk, boot.disk_format),
+                             ("state", boot.state, "raw")):
+        if path is not None:
+            argv += ["-drive", f"file={path},if=none,id={drive},format={fmt}",
+                     "-device", f"virtio-blk-{bus},drive={drive}"]
     return argv
 
 

@@ -1,0 +1,65 @@
+"""moto 5.2.5's ``tests/test_ec2/test_instances.py`` in server mode against a roost cluster
+(see moto_peer.py for what the shim in between does, and does not, touch).
+
+The committed expected-pass list (``moto_instances_expected.txt``) is the ratchet: a test
+on it that fails now fails here. A test that passes and is not on it is printed, so the
+list can grow. The failures left are described by category in docs/gateway.md.
+
+The cluster is configured as the suite assumes its account and region to be: account
+123456789012 (moto's default, which its tests compare owner ids with), region
+``us-east-1`` with nodes in ``us-east-1a``..``c``. Set ``ROOST_CONFORMANCE_VERBOSE=1`` to
+see the peer's own pytest output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conformance import moto_peer
+from tests.e2e.conftest import ThreadedCluster, make_cluster
+
+EXPECTED = Path(__file__).with_name("moto_instances_expected.txt")
+def expected_passes() -> set[str]:
+    lines = EXPECTED.read_text().splitlines()
+    return {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+
+
+@pytest.fixture(scope="session")
+def moto_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """moto's sdist, fetched once per test run."""
+    return moto_peer.fetch_suite(tmp_path_factory.mktemp("moto"))
+
+
+@pytest.fixture(scope="module")
+def us_east_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedCluster]:
+    c = make_cluster(tmp_path_factory.mktemp("conformance"), nodes=3,
+                     capacity="64vcpu,256GiB", region="us-east-1",
+                     zones=["us-east-1a", "us-east-1b", "us-east-1c"],
+                     owner_id=moto_peer.MOTO_ACCOUNT)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.mark.timeout(1500)  # ~60 s of CPU; wall time is what a loaded machine makes it
+def test_moto_instances_conformance(moto_suite: Path, us_east_1: ThreadedCluster) -> None:
+    c = us_east_1
+    target = moto_peer.Target(c.endpoint, c.spec.region, c.key, c.secret,
+                              moto_peer.MOTO_ACCOUNT)
+    with moto_peer.shim(target) as (endpoint, reset_errors):
+        outcome = moto_peer.run_suite(moto_suite, endpoint, target)
+    print("moto test_instances.py:", moto_peer.summary(outcome))
+    for name, why in outcome.failed.items():
+        print(f"  FAIL {name}: {why}")
+    expected = expected_passes()
+    newly = sorted(set(outcome.passed) - expected)
+    if newly:
+        print("passing, not yet in", EXPECTED.name, ":", " ".join(newly))
+    assert not reset_errors, reset_errors
+    regressed = sorted(expected - set(outcome.passed))
+    assert not regressed, f"expected passes that fail now: {regressed}"
+    assert outcome.ran > 100, "the peer suite did not run (collection failed?)"
