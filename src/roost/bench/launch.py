@@ -556,6 +556,8 @@ def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGINT) -> None:
             proc.wait(10)
 
 
+NATS_CREDS: dict[str, str] = {}
+"""Endpoint -> its `roost up`'s NATS credentials file (each cluster has its own)."""
 CLUSTER_PIDS: dict[str, int] = {}
 """Endpoint -> the pid of the `roost up` serving it, while it runs (for `cpu_seconds`)."""
 
@@ -636,7 +638,8 @@ def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
             CLUSTER_PIDS[env["AWS_ENDPOINT_URL_EC2"]] = proc.pid
             # The floor's raw clients authenticate as roost's own components do.
             if env.get(ENV_NATS_CREDS):
-                os.environ[ENV_NATS_CREDS] = env[ENV_NATS_CREDS]
+                os.environ[ENV_NATS_CREDS] = NATS_CREDS[env["AWS_ENDPOINT_URL_EC2"]] = \
+                    env[ENV_NATS_CREDS]
             yield UpProcess(proc.pid, env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
                             env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
         finally:
@@ -822,6 +825,8 @@ def _launch(levels: Sequence[int], pairs: int, warmup: int, instance_type: str, 
                 nodes=nodes, node_capacity=node_capacity, policy=policy, gateway_workers=w))
                 for w in workers}
             ep, _, _, nats_url = next(iter(clusters.values()))
+            if ep in NATS_CREDS:  # the floor runs on the first cluster's NATS, as its user
+                os.environ[ENV_NATS_CREDS] = NATS_CREDS[ep]
             moto_url = stack.enter_context(_maybe(moto_server, not no_moto))
             stack.enter_context(_maybe(lambda: nats_responder(nats_url),
                                        not no_floor and bool(nats_url)))
