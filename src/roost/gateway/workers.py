@@ -56,9 +56,11 @@ ORPHAN_GRACE = 15.0
 
 
 def default_workers() -> int:
-    """Two where there are two cores or more: one event loop per core, up to the point
-    past which the nodes and NATS need the rest."""
-    return max(1, min(2, os.cpu_count() or 1))
+    """`roost up`'s gateway processes: one per core, less one core for the nodes and
+    NATS that run beside them, between 1 and 2. On two cores that is 1: measured side by
+    side there, a second process added work without adding throughput
+    (docs/benchmarks.md)."""
+    return max(1, min(2, (os.cpu_count() or 1) - 1))
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:

@@ -212,7 +212,7 @@ async def run_until(cluster: LocalCluster, on_ready: Callable[[], str], *,
 @click.option("--no-dashboard", is_flag=True, help="Serve no web dashboard.")
 @click.option("--no-auth", is_flag=True, help="Accept unsigned requests (development only).")
 @click.option("--gateway-workers", type=click.IntRange(min=0), default=default_workers(),
-              show_default="min(2, cores)",
+              show_default="cores - 1, between 1 and 2",
               help="Gateway processes sharing the port, restarted if they exit; 0 runs the "
                    "gateway on `roost up`'s own event loop.")
 @click.option("--no-nats-auth", is_flag=True,
