@@ -13,10 +13,13 @@ import logging
 import secrets
 import string
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+import asyncpg
 
 from roost.controller.adapters import FakeOrchestrator, NativeOrchestrator, NativeSettings
 from roost.controller.clock import SystemClock
@@ -33,6 +36,7 @@ from roost.embedded.proc import describe_exit, port_open, wait_until
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.isolation import Level
+from roost.store.migrations import migrate
 
 log = logging.getLogger(__name__)
 
@@ -372,3 +376,19 @@ def build_components(spec: ClusterSpec) -> list[Component]:
 def spec_resources(spec: ClusterSpec) -> Resources:
     """What the whole cluster offers to instances."""
     return spec.node_host().allocatable.scaled(spec.nodes)
+
+
+async def cluster_clients(cluster: LocalCluster, spec: ClusterSpec, *, max_size: int
+                          ) -> tuple[NativeOrchestrator, Any]:
+    """For a started cluster: a ``native`` orchestrator on its gateway (with its first
+    key pair) and a connection pool on its Postgres, migrated."""
+    ctl = cluster.get(ControllerComponent)
+    assert isinstance(ctl, ControllerComponent)
+    key, secret = next(iter(spec.credentials.items()))
+    orch = NativeOrchestrator(NativeSettings(
+        endpoint=cluster.gateway.endpoint, region=spec.region, access_key_id=key,
+        secret_access_key=secret, dsn=ctl.postgres.dsn, timeout=5.0), now=time.time)
+    db = await asyncpg.create_pool(ctl.postgres.dsn, min_size=1, max_size=max_size)
+    async with db.acquire() as conn:
+        await migrate(conn)
+    return orch, db
