@@ -22,26 +22,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import click
 import msgspec
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from roost.controller.adapters import NativeOrchestrator, NativeSettings
+from roost.controller.adapters import NativeOrchestrator
 from roost.controller.orchestrator import PoolRef
 from roost.decide.snapshot import PoolSpec
 from roost.embedded.proc import free_port
 from roost.store import pools as pools_q
 from roost.store import tasks as tasks_q
-from roost.store.migrations import migrate
 from roost.up.cluster import (
     ClusterSpec,
     ControllerComponent,
     DashboardComponent,
     LocalCluster,
     build_components,
+    cluster_clients,
     new_credentials,
 )
 
@@ -136,8 +135,6 @@ async def run_demo(cluster: LocalCluster, spec: ClusterSpec, *, tasks: int, seco
                    live: bool) -> Figures:
     started = time.monotonic()
     f = Figures()
-    ctl = cluster.get(ControllerComponent)
-    assert isinstance(ctl, ControllerComponent)
     ref_text = f"type=t3.small; target={TARGET}; concurrency=2"
     ref = PoolRef(POOL, ref_text)
     db: Any = None
@@ -149,14 +146,7 @@ async def run_demo(cluster: LocalCluster, spec: ClusterSpec, *, tasks: int, seco
         for c in cluster.components:
             if isinstance(c, DashboardComponent):
                 console.print(f"dashboard: {c.url}  (watch the pool on its Pools page)")
-        key, secret = next(iter(spec.credentials.items()))
-        orch = NativeOrchestrator(NativeSettings(
-            endpoint=cluster.gateway.endpoint, region=spec.region, access_key_id=key,
-            secret_access_key=secret, dsn=ctl.worker_dsn, controller_url=ctl.url,
-            timeout=5.0), now=time.time)
-        db = await asyncpg.create_pool(ctl.postgres.dsn, min_size=1, max_size=4)
-        async with db.acquire() as conn:
-            await migrate(conn)
+        orch, db = await cluster_clients(cluster, spec, max_size=4)
         await pools_q.create_pool(db, PoolSpec(
             pool_id=POOL, min_replicas=0, max_replicas=max_replicas,
             target_per_replica=per_replica, worker_cpu_milli=2000, worker_mem_mib=2048,

@@ -36,18 +36,18 @@ import click
 from rich.console import Console
 
 from roost.bench.report import machine, markdown_table, write_json
-from roost.controller.adapters import NativeOrchestrator, NativeSettings
+from roost.controller.adapters import NativeOrchestrator
 from roost.controller.orchestrator import PoolRef
 from roost.decide.snapshot import PoolSpec
 from roost.embedded.proc import free_port
 from roost.store import pools as pools_q
 from roost.store import tasks as tasks_q
-from roost.store.migrations import migrate
 from roost.up.cluster import (
     ClusterSpec,
     ControllerComponent,
     LocalCluster,
     build_components,
+    cluster_clients,
     new_credentials,
 )
 
@@ -87,22 +87,13 @@ async def _finished(db: Any, task_id: int, deadline: float) -> asyncpg.Record:
 async def run_rounds(cluster: LocalCluster, spec: ClusterSpec, *, rounds: int,
                      task_seconds: float, timeout: float, console: Console
                      ) -> list[dict[str, Any]]:
-    ctl = cluster.get(ControllerComponent)
-    assert isinstance(ctl, ControllerComponent)
-    key, secret = next(iter(spec.credentials.items()))
     orch: NativeOrchestrator | None = None
     db: Any = None
     refs: list[PoolRef] = []
     out: list[dict[str, Any]] = []
     try:
         await cluster.start()
-        orch = NativeOrchestrator(NativeSettings(
-            endpoint=cluster.gateway.endpoint, region=spec.region, access_key_id=key,
-            secret_access_key=secret, dsn=ctl.worker_dsn, controller_url=ctl.url,
-            timeout=5.0), now=time.time)
-        db = await asyncpg.create_pool(ctl.postgres.dsn, min_size=1, max_size=2)
-        async with db.acquire() as conn:
-            await migrate(conn)
+        orch, db = await cluster_clients(cluster, spec, max_size=2)
         ref_text = f"type=t3.small; target={TARGET}; concurrency=1"
         for r in range(rounds):
             pool_id = f"wake-{r + 1}"

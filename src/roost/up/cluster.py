@@ -12,10 +12,11 @@ import asyncio
 import logging
 import secrets
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 from prometheus_client import CollectorRegistry
@@ -42,6 +43,7 @@ from roost.gateway.workers import GatewayPool
 from roost.node.agent import NodeAgent, NodeConfig
 from roost.node.isolation import Level
 from roost.store import apitokens
+from roost.store.migrations import migrate
 from roost.store.roles import WORKER_ROLE, ensure_worker_role
 
 log = logging.getLogger(__name__)
@@ -536,3 +538,20 @@ def build_components(spec: ClusterSpec) -> list[Component]:
 def spec_resources(spec: ClusterSpec) -> Resources:
     """What the whole cluster offers to instances."""
     return spec.node_host().allocatable.scaled(spec.nodes)
+
+
+async def cluster_clients(cluster: LocalCluster, spec: ClusterSpec, *, max_size: int
+                          ) -> tuple[NativeOrchestrator, Any]:
+    """For a started cluster: a ``native`` orchestrator on its gateway (with its first
+    key pair) and a connection pool on its Postgres, migrated."""
+    ctl = cluster.get(ControllerComponent)
+    assert isinstance(ctl, ControllerComponent)
+    key, secret = next(iter(spec.credentials.items()))
+    orch = NativeOrchestrator(NativeSettings(
+        endpoint=cluster.endpoint, region=spec.region, access_key_id=key,
+        secret_access_key=secret, dsn=ctl.worker_dsn, controller_url=ctl.url, timeout=5.0),
+        now=time.time)
+    db = await asyncpg.create_pool(ctl.postgres.dsn, min_size=1, max_size=max_size)
+    async with db.acquire() as conn:
+        await migrate(conn)
+    return orch, db
