@@ -341,6 +341,31 @@ def test_node_killed_mid_burst_and_back(pcluster: tuple[ThreadedCluster, NodePro
     assert time.monotonic() - killed < 60
 
 
+def test_node_frozen_then_thawed_carries_out_what_was_ordered_meanwhile(
+        pcluster: tuple[ThreadedCluster, NodeProcs]) -> None:
+    """A node agent SIGSTOP'd past the lost threshold comes back without a restart: the
+    gap in its heartbeat makes it read its orders, so a terminate given while it was
+    lost is carried out then, not at its next restart."""
+    cluster, procs = pcluster
+    ec2 = cluster.client()
+    iid = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.nano", MinCount=1,
+                            MaxCount=1)["Instances"][0]["InstanceId"]
+    wait_for("the record mirrored", lambda: cluster.record(iid) is not None, 10)
+    node = cluster.record(iid).node_id  # type: ignore[union-attr]
+    pid = procs.procs[node].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(f"{node} lost", lambda: statuses(ec2, [iid]) == {iid: "impaired"}, 10)
+        out = ec2.terminate_instances(InstanceIds=[iid])["TerminatingInstances"]
+        assert out[0]["CurrentState"]["Name"] == "shutting-down"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    thawed = wait_for("the ordered termination carried out after the thaw", lambda: (
+        (rec := cluster.record(iid)) is not None and rec.state == "terminated"), 15)
+    print(f"\n{node} thawed: the terminate ordered while it was lost done {thawed:.2f} s later")
+    wait_for(f"{node} live again", lambda: not view(cluster).lost(node), 10)
+
+
 def test_node_gone_for_good_is_forgotten(
         pcluster: tuple[ThreadedCluster, NodeProcs]) -> None:
     cluster, procs = pcluster

@@ -136,12 +136,6 @@ def kv_access(bucket: str, *, write: bool = True) -> list[str]:
     return subs
 
 
-def _stream_created(bucket: str) -> str:
-    """The advisory JetStream sends when ``bucket``'s stream is made (again): a mirror
-    re-watches on it (`roost.bus.connect.follow_bucket`)."""
-    return f"$JS.EVENT.ADVISORY.STREAM.CREATED.KV_{bucket}"
-
-
 _JS_COMMON = ["$JS.API.INFO", "$JS.FC.>"]
 """Account info (nats-py asks on open), and flow-control replies of ordered consumers."""
 
@@ -161,8 +155,7 @@ def node_permissions(node_id: str) -> Permissions:
             subjects.node_launch(node_id), subjects.node_command(node_id),
             subjects.node_drain(node_id), subjects.DESCRIBE_INSTANCE_TYPES,
             subjects.LAUNCH_LOOKUP, f"{subjects.run_instances('>')} {subjects.NODE_QUEUE}",
-            f"_INBOX.{user}.>", _stream_created(subjects.INSTANCES_BUCKET),
-            _stream_created(subjects.NODE_ORDERS_BUCKET),
+            f"_INBOX.{user}.>",
         ]},
         "allow_responses": True,
     }

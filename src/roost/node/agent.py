@@ -22,12 +22,13 @@ from wsgiref.simple_server import WSGIServer
 
 import msgspec
 from nats.aio.client import Client
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
 from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.auth import NatsAuth
-from roost.bus.connect import connect, follow_bucket, key_value
+from roost.bus.connect import connect, key_value
+from roost.bus.failures import BUS_DOWN
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
 from roost.domain.host import HostCapacity
@@ -55,6 +56,8 @@ from roost.node.subscriptions import TypeSubscriptions
 
 log = logging.getLogger(__name__)
 St = InstanceState
+ORDERS_EVERY = 20.0
+"""Seconds (at least ten heartbeats) between two reads of a node's orders while it runs."""
 
 
 @dataclass
@@ -130,11 +133,7 @@ class NodeAgent:
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
         self._orders_kv: KeyValue | None = None
-        self._orders_synced = asyncio.Event()
-        self._orders_task: asyncio.Task[None] | None = None
-        self._early_orders: dict[str, s.NodeOrder] | None = {}  # until the first sync
         self._ordered: set[str] = set()  # orders being carried out
-        self._forgotten = False
         self._subs: TypeSubscriptions | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._imds: NodeMetadata | None = None
@@ -160,7 +159,8 @@ class NodeAgent:
         self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}",
                                  auth=self.config.nats_auth)
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
-        await self._follow_orders()
+        self._orders_kv = await key_value(self._nc, subjects.NODE_ORDERS_BUCKET)
+        await self._read_orders()
         for rec in self._records.values():
             await self._publish(rec.instance_id)
         self._subs = await BusHandlers(self).subscribe(self._nc)
@@ -194,43 +194,44 @@ class NodeAgent:
                              note="the instance's process was gone when the node agent restarted",
                              announce=False)
 
-    async def _follow_orders(self) -> None:
-        """Follow this node's orders (docs/architecture.md, "Lost nodes") and carry out
-        those given while it was lost, before it re-publishes and subscribes: it never
-        advertises room that an instance its users terminated still holds."""
-        assert self._nc is not None
-        self._orders_kv = await key_value(self._nc, subjects.NODE_ORDERS_BUCKET)
-        self._orders_task = asyncio.create_task(follow_bucket(
-            self._orders_kv, "orders", on_entry=self._on_order, synced=self._orders_synced,
-            keys=subjects.node_orders(self.node_id)))
+    async def _read_orders(self) -> None:
+        """Carry out this node's orders (docs/architecture.md, "Lost nodes"): those given
+        while it was lost. At start this runs before the node re-publishes and
+        subscribes, so it never advertises room that an instance its users terminated
+        still holds; afterwards the heartbeat reads them again now and then.
+
+        A read, not a standing watch: a watch is a JetStream consumer per node on one
+        stream, and a stream takes at most about a thousand of them, which would cap a
+        cluster's nodes (found by `roost bench scale` at 1,000 nodes)."""
+        assert self._orders_kv is not None
+        orders: dict[str, s.NodeOrder] = {}
+        forgotten = False
         try:
-            await asyncio.wait_for(self._orders_synced.wait(), 10.0)
-        except TimeoutError:  # carried out when they arrive
-            log.warning("node %s: its orders could not be read yet", self.node_id)
-        early, self._early_orders = self._early_orders or {}, None
-        await asyncio.gather(*(self._carry_out(iid, o) for iid, o in early.items()))
-        if self._forgotten:
+            watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id),
+                                                  ignore_deletes=True)
+            try:
+                async for entry in watcher:
+                    if entry is None:  # the current contents are all in
+                        break
+                    what = entry.key.partition(".")[2]
+                    if what == subjects.FORGOTTEN:
+                        forgotten = True
+                        continue
+                    try:
+                        orders[what] = s.decode(entry.value or b"", s.NodeOrder)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        log.error("node %s: unreadable order %s", self.node_id, entry.key)
+            finally:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+        except BUS_DOWN as exc:  # read again at the next heartbeat that reads them
+            log.warning("node %s: its orders could not be read (%r)", self.node_id, exc)
+            return
+        await asyncio.gather(*(self._carry_out(iid, o) for iid, o in orders.items()))
+        if forgotten:
             await self._orders_kv.delete(subjects.node_order(self.node_id,
                                                              subjects.FORGOTTEN))
             log.warning("node %s had been forgotten (roost node forget): it rejoins with "
                         "%d instances", self.node_id, len(self.ledger.allocations))
-
-    def _on_order(self, entry: KeyValue.Entry) -> None:
-        if entry.operation in (KV_DEL, KV_PURGE):
-            return
-        what = entry.key.partition(".")[2]
-        if what == subjects.FORGOTTEN:
-            self._forgotten = True
-            return
-        try:
-            order = s.decode(entry.value or b"", s.NodeOrder)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            log.error("node %s: unreadable order %s", self.node_id, entry.key)
-            return
-        if self._early_orders is not None:
-            self._early_orders[what] = order
-        else:
-            self._track(self._carry_out(what, order))
 
     async def _carry_out(self, instance_id: str, order: s.NodeOrder) -> None:
         """Terminate ``instance_id`` as ``order`` says, then delete the order. Delivered
@@ -252,7 +253,7 @@ class NodeAgent:
                          self.node_id, instance_id, order.note)
             assert self._orders_kv is not None
             await self._orders_kv.delete(subjects.node_order(self.node_id, instance_id))
-        except Exception:  # the order stays; the next delivery (a re-watch) retries it
+        except Exception:  # the order stays; the next read retries it
             log.exception("node %s: carrying out the order for %s failed", self.node_id,
                           instance_id)
         finally:
@@ -273,9 +274,6 @@ class NodeAgent:
         await self.drain()
         if self._heartbeat:
             self._heartbeat.cancel()
-        if self._orders_task is not None:
-            self._orders_task.cancel()
-            await asyncio.gather(self._orders_task, return_exceptions=True)
         others = self._tasks - {asyncio.current_task()}  # stop() may itself be tracked
         if others:
             await asyncio.gather(*others, return_exceptions=True)
@@ -355,8 +353,20 @@ class NodeAgent:
 
     async def _heartbeat_loop(self) -> None:
         next_expiry = 0.0
+        beat = self.config.heartbeat_seconds
+        next_orders = time.monotonic() + max(ORDERS_EVERY, 10 * beat)
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.heartbeat_seconds)
+            await asyncio.sleep(beat)
+            now = time.monotonic()
+            # Gateways count a node silent for three beats as lost and leave it orders.
+            # A node that comes back without a restart (a frozen process thawed, a
+            # partition healed) reads them after such a gap; every node also reads them
+            # now and then, for an order given in the moment it came back.
+            if now - last > 2 * beat or now >= next_orders:
+                next_orders = now + max(ORDERS_EVERY, 10 * beat)
+                self._track(self._read_orders())
+            last = now
             try:
                 # Subscriptions too, not only the snapshot: a sync that failed after a
                 # release (see `_move`) is mended here. Nothing changed costs no I/O.
