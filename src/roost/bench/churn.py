@@ -98,8 +98,8 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-async def bucket_kib(nats_url: str) -> dict[str, float | None]:
-    auth = NatsAuth.from_env()  # roost up's admin user, as `up_process` sets it
+async def bucket_kib(nats_url: str, creds: str = "") -> dict[str, float | None]:
+    auth = NatsAuth.load(creds) if creds else None  # roost up's admin user
     nc = await nats.connect(nats_url, connect_timeout=5, **(auth.options() if auth else {}))
     try:
         js = nc.jetstream()
@@ -171,7 +171,7 @@ def churn_command(pairs: int, concurrency: int, chunk: int, nodes: int, node_cap
         signer = Signer(up.endpoint, up.key, up.secret, region)
 
         async def probe() -> dict[str, float | None]:
-            return {"rss_mib": rss_mib(up.pid), **await bucket_kib(up.nats_url)}
+            return {"rss_mib": rss_mib(up.pid), **await bucket_kib(up.nats_url, up.nats_creds)}
 
         def show(row: Chunk) -> None:
             click.echo(f"{row.done:>7} pairs  {row.pairs_per_second:7.1f} pairs/s  "

@@ -314,11 +314,13 @@ def bucket_percentile(cumulative: dict[float, float], q: float) -> float | None:
     return math.inf
 
 
-async def floor_level(nats_url: str, *, concurrency: int, pairs: int) -> Level:
-    """Two nats-py request-replies per pair against the trivial responder."""
+async def floor_level(nats_url: str, *, concurrency: int, pairs: int,
+                      creds: str = "") -> Level:
+    """Two nats-py request-replies per pair against the trivial responder; ``creds``:
+    the NATS user's credentials file (roost up's admin user), if NATS has users."""
     import nats
 
-    auth = NatsAuth.from_env()  # roost up's admin user, as `local_cluster` sets it
+    auth = NatsAuth.load(creds) if creds else None
     nc = await nats.connect(nats_url, **(auth.options() if auth else {}))
     firsts: list[float] = []
     seconds: list[float] = []
@@ -372,6 +374,7 @@ class Peers:
     metrics_url: str | None
     ice_type: str
     ice_requests: int
+    nats_creds: str = ""
 
 
 async def bench_all(roosts: Mapping[str, Signer], peers: Peers, *, levels: Sequence[int],
@@ -383,7 +386,8 @@ async def bench_all(roosts: Mapping[str, Signer], peers: Peers, *, levels: Seque
     if peers.moto is not None:
         await run_level(peers.moto, concurrency=1, pairs=warmup, itype=itype)
     if peers.nats_url:
-        await floor_level(peers.nats_url, concurrency=1, pairs=warmup)
+        await floor_level(peers.nats_url, concurrency=1, pairs=warmup,
+                          creds=peers.nats_creds)
     out: dict[str, list[dict[str, Any]]] = {"roost": [], "moto": [], "nats_floor": [],
                                             "ice": [], **{name: [] for name in roosts}}
     first = next(iter(roosts))
@@ -414,7 +418,8 @@ async def bench_all(roosts: Mapping[str, Signer], peers: Peers, *, levels: Seque
             click.echo(format_level("moto", lv), err=True)
             out["moto"].append(asdict(lv))
         if peers.nats_url:
-            lv = await floor_level(peers.nats_url, concurrency=c, pairs=n)
+            lv = await floor_level(peers.nats_url, concurrency=c, pairs=n,
+                                   creds=peers.nats_creds)
             click.echo(format_level("nats", lv), err=True)
             out["nats_floor"].append(asdict(lv))
         if peers.ice_requests:
@@ -613,6 +618,8 @@ class UpProcess:
     key: str
     secret: str
     nats_url: str
+    nats_creds: str = ""
+    """Its NATS admin user's credentials file ("" when NATS has no users)."""
 
 
 @contextmanager
@@ -648,13 +655,12 @@ def up_process(*, nodes: int, node_capacity: str, policy: str = DEFAULT_POLICY,
             env = _wait_for_env(proc, data / "env", log)
             CLUSTER_PIDS[env["AWS_ENDPOINT_URL_EC2"]] = proc.pid
             # The floor's raw clients authenticate as roost's own components do.
-            if env.get(ENV_NATS_CREDS):
-                os.environ[ENV_NATS_CREDS] = NATS_CREDS[env["AWS_ENDPOINT_URL_EC2"]] = \
-                    env[ENV_NATS_CREDS]
+            creds = NATS_CREDS[env["AWS_ENDPOINT_URL_EC2"]] = env.get(ENV_NATS_CREDS, "")
             yield UpProcess(proc.pid, env["AWS_ENDPOINT_URL_EC2"], env["AWS_ACCESS_KEY_ID"],
-                            env["AWS_SECRET_ACCESS_KEY"], _nats_url(log))
+                            env["AWS_SECRET_ACCESS_KEY"], _nats_url(log), creds)
         finally:
             CLUSTER_PIDS.pop(env.get("AWS_ENDPOINT_URL_EC2", ""), None)
+            NATS_CREDS.pop(env.get("AWS_ENDPOINT_URL_EC2", ""), None)
             _stop(proc)
 
 
@@ -717,8 +723,8 @@ import asyncio, sys
 import nats
 from roost.bus.auth import NatsAuth
 
-async def main(url, subject):
-    auth = NatsAuth.from_env()
+async def main(url, subject, creds):
+    auth = NatsAuth.load(creds) if creds else None
     nc = await nats.connect(url, **(auth.options() if auth else {}))
     async def reply(msg):
         await msg.respond(msg.data)
@@ -727,14 +733,14 @@ async def main(url, subject):
     print("ready", flush=True)
     await asyncio.Event().wait()
 
-asyncio.run(main(sys.argv[1], sys.argv[2]))
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
 """
 
 
 @contextmanager
-def nats_responder(nats_url: str) -> Iterator[None]:
+def nats_responder(nats_url: str, creds: str = "") -> Iterator[None]:
     """A trivial nats-py responder (echo) in a child process, for the floor."""
-    proc = subprocess.Popen([sys.executable, "-c", RESPONDER, nats_url, FLOOR_SUBJECT],
+    proc = subprocess.Popen([sys.executable, "-c", RESPONDER, nats_url, FLOOR_SUBJECT, creds],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert proc.stdout is not None
@@ -836,17 +842,16 @@ def _launch(levels: Sequence[int], pairs: int, warmup: int, instance_type: str, 
                 nodes=nodes, node_capacity=node_capacity, policy=policy, gateway_workers=w))
                 for w in workers}
             ep, _, _, nats_url = next(iter(clusters.values()))
-            if ep in NATS_CREDS:  # the floor runs on the first cluster's NATS, as its user
-                os.environ[ENV_NATS_CREDS] = NATS_CREDS[ep]
+            creds = NATS_CREDS.get(ep, "")  # the floor runs on the first cluster's NATS
             moto_url = stack.enter_context(_maybe(moto_server, not no_moto))
-            stack.enter_context(_maybe(lambda: nats_responder(nats_url),
+            stack.enter_context(_maybe(lambda: nats_responder(nats_url, creds),
                                        not no_floor and bool(nats_url)))
             peers = Peers(
                 moto=Signer(moto_url, "testing", "testing", MOTO_REGION) if moto_url else None,
                 moto_url=moto_url,
                 nats_url=None if no_floor else nats_url or None,
                 metrics_url=ep.rstrip("/") + "/metrics",
-                ice_type=ice_type, ice_requests=ice_requests,
+                ice_type=ice_type, ice_requests=ice_requests, nats_creds=creds,
             )
             click.echo(f"benchmarking {', '.join(c[0] for c in clusters.values())} "
                        f"({instance_type}, {pairs} pairs per level)"
