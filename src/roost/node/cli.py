@@ -9,6 +9,8 @@ import socket
 from pathlib import Path
 
 import click
+import nats.errors
+from nats.aio.client import Client
 
 from roost.bus import schemas as s
 from roost.bus import subjects
@@ -269,8 +271,7 @@ def drain_cmd(ctx: click.Context, keep_running: bool, timeout: float) -> None:
     """Drain the node given by the group's --node-id over NATS."""
 
     async def go() -> s.DrainReply:
-        nc = await connect(ctx.obj["nats"], name="roost-node-drain",
-                           auth=ctx.obj["nats_auth"])
+        nc = await _reach_nats(ctx, "roost-node-drain")
         try:
             msg = await nc.request(
                 subjects.node_drain(ctx.obj["node_id"]),
@@ -288,6 +289,22 @@ def drain_cmd(ctx: click.Context, keep_running: bool, timeout: float) -> None:
             f"could not drain node {ctx.obj['node_id']}: {type(exc).__name__} {exc}"
         ) from None
     click.echo(f"node {reply.node_id} draining; {reply.instances} instances keep running")
+
+
+class NatsUnreachable(Exception):
+    """An operator command found no NATS server to talk to."""
+
+
+async def _reach_nats(ctx: click.Context, name: str, timeout: float = 10.0) -> Client:
+    """A connection for a one-off operator command: bounded, unlike an agent's, which
+    waits for NATS forever; the error names where it looked (--nats, ROOST_NODE_NATS)."""
+    try:
+        return await asyncio.wait_for(
+            connect(ctx.obj["nats"], name=name, auth=ctx.obj["nats_auth"]), timeout)
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        raise NatsUnreachable(
+            f"cannot reach NATS at {', '.join(ctx.obj['nats'])} within {timeout:.0f} s "
+            f"({type(exc).__name__}); give --nats URL or ROOST_NODE_NATS") from None
 
 
 @node.command("forget")
@@ -308,8 +325,7 @@ def forget_cmd(ctx: click.Context, node_to_forget: str | None, listen: float) ->
     node_id = node_to_forget or ctx.obj["node_id"]
 
     async def go() -> Forgotten:
-        nc = await connect(ctx.obj["nats"], name="roost-node-forget",
-                           auth=ctx.obj["nats_auth"])
+        nc = await _reach_nats(ctx, "roost-node-forget")
         try:
             return await forget_node(nc, node_id, listen=listen)
         finally:
@@ -317,7 +333,7 @@ def forget_cmd(ctx: click.Context, node_to_forget: str | None, listen: float) ->
 
     try:
         done = asyncio.run(go())
-    except NodeAlive as exc:
+    except (NodeAlive, NatsUnreachable) as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
         raise click.ClickException(
