@@ -71,6 +71,8 @@ class InstanceOptions(Msg):
     http_endpoint: Literal["enabled", "disabled"] = "enabled"
     http_put_response_hop_limit: int = 1
     instance_metadata_tags: Literal["enabled", "disabled"] = "disabled"
+    http_protocol_ipv6: Literal["enabled", "disabled"] = "disabled"
+    """Recorded only: a node's IMDS answers on IPv4 (docs/gateway.md)."""
 
 
 class InstanceNetwork(Msg):

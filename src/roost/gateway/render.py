@@ -217,7 +217,7 @@ def metadata_options(rec: InstanceRecord, tag: str = "metadataOptions") -> Fragm
     return node(tag, text("state", "applied"), text("httpTokens", opts.http_tokens),
                 text("httpPutResponseHopLimit", opts.http_put_response_hop_limit),
                 text("httpEndpoint", opts.http_endpoint),
-                text("httpProtocolIpv6", "disabled"),
+                text("httpProtocolIpv6", opts.http_protocol_ipv6),
                 text("instanceMetadataTags", opts.instance_metadata_tags))
 
 

@@ -222,13 +222,14 @@ def _metadata_options(p: Params, prefix: str) -> dict[str, object]:
     tokens = _choice(p, f"{prefix}HttpTokens", ("optional", "required"))
     endpoint = _choice(p, f"{prefix}HttpEndpoint", ("enabled", "disabled"))
     tags = _choice(p, f"{prefix}InstanceMetadataTags", ("enabled", "disabled"))
+    ipv6 = _choice(p, f"{prefix}HttpProtocolIpv6", ("enabled", "disabled"))
     hops = p.integer(f"{prefix}HttpPutResponseHopLimit")
     if hops is not None and not 1 <= hops <= 64:
         raise InvalidParameterValue(
             f"Value ({hops}) for parameter HttpPutResponseHopLimit is invalid. "
             "Expecting a value between 1 and 64.")
     for key, value in (("http_tokens", tokens), ("http_endpoint", endpoint),
-                       ("instance_metadata_tags", tags),
+                       ("instance_metadata_tags", tags), ("http_protocol_ipv6", ipv6),
                        ("http_put_response_hop_limit", hops)):
         if value is not None:
             out[key] = value
