@@ -406,3 +406,91 @@ def test_tags_on_vpcs_subnets_and_groups(ec2: Any) -> None:
     ec2.delete_security_group(GroupId=group)
     ec2.delete_subnet(SubnetId=subnet)
     ec2.delete_vpc(VpcId=vpc)
+
+
+def test_public_ipv4_addresses(ec2: Any) -> None:
+    """Default subnets map public addresses on launch, new subnets do not until
+    ModifySubnetAttribute says so; AssociatePublicIpAddress overrides either. The
+    address is recorded (from the pool, 198.18.0.0/15 by default), not routed."""
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.1.0/24")["Subnet"]
+    assert sub["MapPublicIpOnLaunch"] is False
+    (default,) = ec2.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    assert default["MapPublicIpOnLaunch"] is True
+    (on_default,) = run(ec2)
+    ip = on_default["PublicIpAddress"]
+    assert ipaddress.IPv4Address(ip) in ipaddress.IPv4Network("198.18.0.0/15")
+    assert ip.replace(".", "-") in on_default["PublicDnsName"]
+    nic = on_default["NetworkInterfaces"][0]
+    assert nic["Association"] == {"PublicIp": ip, "PublicDnsName": on_default["PublicDnsName"],
+                                  "IpOwnerId": "amazon"}
+    (private,) = run(ec2, SubnetId=sub["SubnetId"])
+    assert "PublicIpAddress" not in private and private["PublicDnsName"] == ""
+    ec2.modify_subnet_attribute(SubnetId=sub["SubnetId"], MapPublicIpOnLaunch={"Value": True})
+    (mapped,) = ec2.describe_subnets(SubnetIds=[sub["SubnetId"]])["Subnets"]
+    assert mapped["MapPublicIpOnLaunch"] is True
+    (public,) = run(ec2, SubnetId=sub["SubnetId"])
+    (opted_out,) = run(ec2, NetworkInterfaces=[{"DeviceIndex": 0, "SubnetId": sub["SubnetId"],
+                                                "AssociatePublicIpAddress": False}])
+    assert public["PublicIpAddress"] not in (ip, None) and "PublicIpAddress" not in opted_out
+    found = ec2.describe_instances(Filters=[{"Name": "ip-address", "Values": [ip]}])
+    assert [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]] == [
+        on_default["InstanceId"]]
+    found = ec2.describe_instances(
+        Filters=[{"Name": "dns-name", "Values": [public["PublicDnsName"]]}])
+    assert [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]] == [
+        public["InstanceId"]]
+    fails("InvalidSubnetID.NotFound", ec2.modify_subnet_attribute,
+          SubnetId="subnet-0123456789abcdef0", MapPublicIpOnLaunch={"Value": True})
+    fails("InvalidParameterValue", ec2.modify_subnet_attribute, SubnetId=sub["SubnetId"],
+          EnableDns64={"Value": True})
+    fails("MissingParameter", ec2.modify_subnet_attribute, SubnetId=sub["SubnetId"])
+    # Terminated, it shows no address (its claim in the pool is released).
+    ids = [i["InstanceId"] for i in (on_default, private, public, opted_out)]
+    ec2.terminate_instances(InstanceIds=ids)
+    gone = wait_state(ec2, on_default["InstanceId"], "terminated", timeout=30)
+    assert "PublicIpAddress" not in gone
+    for iid in ids[1:]:
+        wait_state(ec2, iid, "terminated", timeout=30)
+    ec2.delete_subnet(SubnetId=sub["SubnetId"])
+    ec2.delete_vpc(VpcId=vpc)
+
+
+def test_root_device_is_the_images(ec2: Any, tmp_path: Any) -> None:
+    """An image registered with RootDeviceName: its instances' root volume is at that
+    device, which the launch's mapping for it sizes; ModifyInstanceAttribute
+    BlockDeviceMapping changes DeleteOnTermination, and termination keeps what it says."""
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(bytes(4096))
+    ami = ec2.register_image(Name="sda-root", ImageLocation=str(disk),
+                             RootDeviceName="/dev/sda1")["ImageId"]
+    (image,) = ec2.describe_images(ImageIds=[ami])["Images"]
+    assert image["RootDeviceName"] == "/dev/sda1"
+    fails("InvalidParameterValue", ec2.register_image, Name="bad-root",
+          ImageLocation=str(disk), RootDeviceName="sda1")
+    (inst,) = ec2.run_instances(
+        ImageId=ami, InstanceType="t3.micro", MinCount=1, MaxCount=1,
+        BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 20}}])["Instances"]
+    iid = inst["InstanceId"]
+    assert inst["RootDeviceName"] == "/dev/sda1"
+    assert [(m["DeviceName"], m["Ebs"]["DeleteOnTermination"])
+            for m in inst["BlockDeviceMappings"]] == [("/dev/sda1", True)]
+    (vol,) = ec2.describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [iid]}])["Volumes"]
+    assert vol["Size"] == 20 and vol["Attachments"][0]["Device"] == "/dev/sda1"
+    attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="rootDeviceName")
+    assert attr["RootDeviceName"]["Value"] == "/dev/sda1"
+    ec2.modify_instance_attribute(InstanceId=iid, BlockDeviceMappings=[
+        {"DeviceName": "/dev/sda1", "Ebs": {"DeleteOnTermination": False}}])
+    described = wait_state(ec2, iid, "running")
+    assert described["BlockDeviceMappings"][0]["Ebs"]["DeleteOnTermination"] is False
+    fails("InvalidParameterValue", ec2.modify_instance_attribute, InstanceId=iid,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda",
+                                "Ebs": {"DeleteOnTermination": False}}])
+    ec2.terminate_instances(InstanceIds=[iid])
+    wait_state(ec2, iid, "terminated", timeout=30)
+    (kept,) = ec2.describe_volumes(VolumeIds=[vol["VolumeId"]])["Volumes"]
+    assert kept["State"] == "available"
+    ec2.delete_volume(VolumeId=vol["VolumeId"])
+    ec2.deregister_image(ImageId=ami)

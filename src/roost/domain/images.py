@@ -25,6 +25,7 @@ from roost.domain.errors import (
     InvalidAMINameMalformed,
     InvalidParameterValue,
 )
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE
 
 DiskFormat = str  # "raw" or "qcow2"
 DISK_FORMATS = ("raw", "qcow2")
@@ -48,6 +49,9 @@ class Image:
     created: str = ""  # ISO 8601 UTC
     architecture: str = "x86_64"
     tags: tuple[tuple[str, str], ...] = field(default=())
+    root_device_name: str = DEFAULT_ROOT_DEVICE
+    """Where instances of the image have their root volume (RegisterImage's
+    ``RootDeviceName``)."""
 
     @property
     def bootable(self) -> bool:

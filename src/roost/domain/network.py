@@ -64,6 +64,9 @@ class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
     owner_id: str
     default_for_az: bool = False
     tags: dict[str, str] = {}
+    map_public_ip_on_launch: bool = False
+    """Whether instances launched into it get a public IPv4 address (true for default
+    subnets, as on EC2; `ModifySubnetAttribute` changes it)."""
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -128,7 +131,7 @@ def zone_slot(region: str, zone: str) -> int:
 def default_subnet(vpc: Vpc, region: str, zone: str) -> Subnet:
     base = ipaddress.IPv4Network(vpc.cidr).network_address + zone_slot(region, zone) * 4096
     return Subnet(derived_id("subnet", vpc.vpc_id, zone), vpc.vpc_id, f"{base}/20", zone,
-                  vpc.owner_id, default_for_az=True)
+                  vpc.owner_id, default_for_az=True, map_public_ip_on_launch=True)
 
 
 def check_block(cidr: str, *, low: int = 16, high: int = 28) -> ipaddress.IPv4Network | None:
@@ -168,6 +171,25 @@ def usable(subnet: Subnet, ip: str) -> bool:
     net = subnet.network
     return (addr in net and int(addr) - int(net.network_address) >= RESERVED_LOW
             and addr != net.broadcast_address)
+
+
+PUBLIC_IPV4_POOL = "198.18.0.0/15"
+"""Where roost's public IPv4 addresses come from unless the gateway is configured with
+another pool: RFC 2544's benchmarking block, which the internet does not route. The
+addresses are recorded, not routed (docs/gateway.md)."""
+PUBLIC_POOL_ID = "public-ipv4"
+"""The pool's name in the address bucket, beside the subnets' (it is one, to the
+allocator: a block whose addresses are claimed once each)."""
+
+
+def public_pool_subnet(cidr: str) -> Subnet:
+    """The public IPv4 pool as the address allocator sees it."""
+    return Subnet(PUBLIC_POOL_ID, "", cidr, "", "")
+
+
+def public_dns_name(ip: str) -> str:
+    """EC2's form for public names (``ec2-198-18-0-5.<domain>``) under roost's domain."""
+    return f"ec2-{ip.replace('.', '-')}.roost.public" if ip else ""
 
 
 def private_dns_name(ip: str) -> str:

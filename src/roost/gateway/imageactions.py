@@ -26,13 +26,13 @@ from roost.domain.images import (
     disk_format,
     is_kernel,
 )
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE, valid_device
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
 from roost.gateway.describe import Field, apply_filters
 from roost.gateway.images import ImageStore, now
 from roost.gateway.netrequests import resource_tags
 from roost.gateway.query import Params
-from roost.gateway.render import ROOT_DEVICE
 from roost.gateway.service import DRY_RUN
 from roost.gateway.tenancy import account
 from roost.gateway.xml import Fragment, items, response, text, timestamp
@@ -64,10 +64,14 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
     if arch != "x86_64":
         raise InvalidParameterValue(f"Value ({arch[:40]}) for parameter architecture is "
                                     "invalid. roost's nodes run x86_64 only.")
-    if p.has("BlockDeviceMapping") or p.get("RootDeviceName") not in (None, ROOT_DEVICE):
+    if p.has("BlockDeviceMapping"):
         raise InvalidParameterValue(
             "roost registers images from files, not snapshots: give ImageLocation (a raw "
             "or qcow2 disk image) or KernelId (and RamdiskId) as paths on the nodes.")
+    root_device = p.get("RootDeviceName") or DEFAULT_ROOT_DEVICE
+    if not valid_device(root_device):
+        raise InvalidParameterValue(f"Value ({root_device[:80]}) for parameter "
+                                    "rootDeviceName is invalid.")
     location, kernel, initrd = p.get("ImageLocation"), p.get("KernelId"), p.get("RamdiskId")
     if location and kernel:
         raise InvalidParameterValue("Give ImageLocation (a disk image) or KernelId (a "
@@ -80,7 +84,7 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
         raise InvalidParameterValue("RamdiskId needs a KernelId.")
     image = Image("", name, p.get("Description") or "", "sh", registered=True,
                   owner_id=owner_id, created=now(), architecture=arch,
-                  tags=resource_tags(p, "image"))
+                  tags=resource_tags(p, "image"), root_device_name=root_device)
     if location:
         head = _head(check_path(location, "ImageLocation"), "ImageLocation")
         image = replace(image, disk=location, disk_format=disk_format(head))
@@ -109,7 +113,7 @@ def _fields(store: ImageStore) -> dict[str, Field[Image]]:
         "is-public": lambda i: [str(not i.registered).lower()],
         "image-type": lambda i: ["machine"],
         "root-device-type": lambda i: ["ebs"],
-        "root-device-name": lambda i: [ROOT_DEVICE],
+        "root-device-name": lambda i: [i.root_device_name],
         "virtualization-type": lambda i: ["hvm"],
         "hypervisor": lambda i: ["xen"],
         "platform-details": lambda i: ["Linux/UNIX"],
@@ -143,7 +147,7 @@ def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> st
         + text("isPublic", not i.registered) + text("architecture", i.architecture)
         + text("imageType", "machine") + text("name", i.name)
         + text("description", i.description or None) + text("rootDeviceType", "ebs")
-        + text("rootDeviceName", ROOT_DEVICE) + Fragment("<blockDeviceMapping/>")
+        + text("rootDeviceName", i.root_device_name) + Fragment("<blockDeviceMapping/>")
         + text("virtualizationType", "hvm") + text("hypervisor", "xen")
         + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
         + (_tags(i.tags) if i.tags else Fragment(""))

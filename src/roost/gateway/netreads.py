@@ -54,7 +54,7 @@ def _subnet_fields(store: NetworkStore) -> dict[str, Field[Subnet]]:
         "state": lambda s: ["available"],
         "owner-id": lambda s: [s.owner_id],
         "available-ip-address-count": free,
-        "map-public-ip-on-launch": lambda s: ["false"],
+        "map-public-ip-on-launch": lambda s: _bool(s.map_public_ip_on_launch),
     }
 
 

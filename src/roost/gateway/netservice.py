@@ -45,6 +45,7 @@ from roost.domain.network import (
     check_block,
     default_group,
 )
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE
 from roost.gateway.keys import import_public_key, new_key_pair
 from roost.gateway.netrequests import (
     IMAGE_ROOT_GIB,
@@ -203,6 +204,13 @@ class NetworkService:
         await self.store.create(subnet)
         return subnet
 
+    async def set_map_public_ip(self, subnet_id: str, value: bool) -> None:
+        """ModifySubnetAttribute MapPublicIpOnLaunch (compare-and-set on the record; a
+        default subnet is stored from then on)."""
+        base = self.subnet(subnet_id)
+        await self.store.change(subnet_id, base, lambda rec: msgspec.structs.replace(
+            rec, map_public_ip_on_launch=value))
+
     async def delete_subnet(self, subnet_id: str, instances: Iterable[InstanceRecord]) -> None:
         subnet = self.subnet(subnet_id)
         if subnet.default_for_az:
@@ -323,7 +331,8 @@ class NetworkService:
 
     # -- launches ---------------------------------------------------------------------
 
-    def resolve(self, req: LaunchNetwork, zone: str) -> tuple[Subnet, InstanceNetwork]:
+    def resolve(self, req: LaunchNetwork, zone: str, root_device: str = DEFAULT_ROOT_DEVICE
+                ) -> tuple[Subnet, InstanceNetwork]:
         """Check what a launch names (subnet, groups, key) and fill EC2's defaults.
         ``zone`` is the zone asked for, or the one chosen, when no subnet is given."""
         if req.subnet_id:
@@ -350,19 +359,22 @@ class NetworkService:
             default = self.store.group_named(subnet.vpc_id, "default")
             groups = [default] if default is not None else []
         public_key = self.key_pair(req.key_name).public_key if req.key_name else ""
-        root = req.root
+        root, volumes = req.devices(root_device)
         network = InstanceNetwork(
             subnet_id=subnet.subnet_id, vpc_id=subnet.vpc_id,
             security_group_ids=list(dict.fromkeys(g.group_id for g in groups)),
             key_name=req.key_name, public_key=public_key,
-            root_volume_size=root.size or IMAGE_ROOT_GIB,
+            root_device_name=root_device, root_volume_size=root.size or IMAGE_ROOT_GIB,
             root_volume_type=root.volume_type or "gp2", root_volume_iops=root.iops,
             root_volume_throughput=root.throughput, root_volume_encrypted=root.encrypted,
             root_delete_on_termination=root.delete_on_termination,
-            volumes=list(req.volumes), volume_tags=dict(req.volume_tags),
+            volumes=list(volumes), volume_tags=dict(req.volume_tags),
             tenancy=req.tenancy,
             monitoring=req.monitoring, ebs_optimized=req.ebs_optimized,
             hibernation=req.hibernation,
+            associate_public_ip=(subnet.map_public_ip_on_launch
+                                 if req.associate_public_ip is None
+                                 else req.associate_public_ip),
         )
         return subnet, network
 
@@ -381,7 +393,21 @@ class NetworkService:
     async def release(self, subnet: Subnet, launch_ids: Sequence[str],
                       addresses: Sequence[str]) -> None:
         for lid, ip in zip(launch_ids, addresses, strict=False):
-            await self.store.release(subnet.subnet_id, ip, lid)
+            if ip:
+                await self.store.release(subnet.subnet_id, ip, lid)
+
+    async def place_public(self, network: InstanceNetwork, launch_ids: Sequence[str]
+                           ) -> list[str]:
+        """One public IPv4 address per launch id from the pool when the launch has
+        them (`InstanceNetwork.associate_public_ip`), else ``""`` for each."""
+        if not network.associate_public_ip:
+            return [""] * len(launch_ids)
+        return await self.place(self.store.public_pool, launch_ids)
+
+    async def release_both(self, subnet: Subnet, launch_ids: Sequence[str],
+                           private: Sequence[str], public: Sequence[str]) -> None:
+        await self.release(subnet, launch_ids, private)
+        await self.release(self.store.public_pool, launch_ids, public)
 
 
 def _now() -> str:

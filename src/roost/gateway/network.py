@@ -37,6 +37,8 @@ from roost.domain.errors import (
     ServiceUnavailable,
 )
 from roost.domain.network import (
+    PUBLIC_IPV4_POOL,
+    PUBLIC_POOL_ID,
     KeyPair,
     NetworkRecord,
     SecurityGroup,
@@ -46,6 +48,7 @@ from roost.domain.network import (
     default_subnet,
     default_vpc,
     first_free,
+    public_pool_subnet,
     usable,
 )
 from roost.gateway.tenancy import account, visible
@@ -112,7 +115,8 @@ def _unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
 class NetworkStore:
     def __init__(self, network: KeyValue, addresses: KeyValue, key_pairs: KeyValue, *,
                  region: str, owner_id: str, zones: Callable[[], list[str]],
-                 stripe: tuple[int, int] = (0, 1)) -> None:
+                 stripe: tuple[int, int] = (0, 1), public_pool: str = PUBLIC_IPV4_POOL
+                 ) -> None:
         self._kvs = {"network": network, "addresses": addresses, "key_pairs": key_pairs}
         self.stripe = stripe
         """Where this process starts looking for a free address (`first_free`): worker
@@ -121,6 +125,7 @@ class NetworkStore:
         self.owner_id = owner_id
         self._zones = zones
         self.default_vpc = default_vpc(region, owner_id)
+        self.public_pool = public_pool_subnet(public_pool)
         self._records: dict[str, tuple[int, NetworkRecord]] = {}
         self._names: dict[str, str] = {}  # name key -> group id
         self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
@@ -179,7 +184,10 @@ class NetworkStore:
                      if g.vpc_id == vpc_id and g.group_name == name), None)
 
     def default_subnet_for(self, zone: str) -> Subnet:
-        return default_subnet(self.default_vpc, self.region, zone)
+        """The zone's default subnet, as stored once an attribute or tag was changed."""
+        derived = default_subnet(self.default_vpc, self.region, zone)
+        rec = self._records.get(derived.subnet_id)
+        return rec[1] if rec is not None and isinstance(rec[1], Subnet) else derived
 
     def key_pairs(self) -> list[KeyPair]:
         return [k for (owner, _), k in self._key_pairs.items() if visible(owner)]
@@ -392,6 +400,8 @@ class NetworkStore:
         every gateway may try; deletes are conditional and idempotent)."""
         if rec.instance_id in self.instance_groups:
             self._chore(self._forget_groups(rec.instance_id))
+        if rec.public_ip:
+            self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
         if not rec.private_ip or rec.network is None or not rec.network.subnet_id:
             return
         self._chore(self.release(rec.network.subnet_id, rec.private_ip, rec.launch_id))
@@ -406,8 +416,11 @@ class NetworkStore:
         """Take back addresses that no live instance holds and that are older than
         `ORPHAN_AFTER` (a gateway died mid-launch), and those of terminated instances
         whose release was missed. Returns how many were freed."""
+        records = list(records)
         live = {(r.network.subnet_id, r.private_ip): r.launch_id for r in records
                 if r.network is not None and r.private_ip and r.state != "terminated"}
+        live.update({(PUBLIC_POOL_ID, r.public_ip): r.launch_id for r in records
+                     if r.public_ip and r.state != "terminated"})
         freed = 0
         for subnet_id, held in list(self._addresses.items()):
             for n, (_, claim) in list(held.items()):

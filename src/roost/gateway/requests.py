@@ -128,6 +128,8 @@ class ModifyInstanceRequest:
     fixed: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
     group_ids: tuple[str, ...] = ()  # GroupId.N: the instance's new security groups
+    delete_on_termination: tuple[tuple[str, bool], ...] = ()
+    """BlockDeviceMapping.N: (device, its volume's new DeleteOnTermination)."""
 
     def changes(self, current: InstanceOptions) -> InstanceChanges:
         opts = msgspec.structs.replace(current, **self.options) if self.options else None
@@ -386,7 +388,8 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
     group_ids = tuple(check_id("sg", g) for g in p.values("GroupId"))
     if name == "groupSet":
         raise InvalidParameterValue("Give the groups as GroupId.N.")
-    if not raw and not group_ids:
+    mappings = tuple(_delete_on_termination(m) for m in p.members("BlockDeviceMapping"))
+    if not raw and not group_ids and not mappings:
         raise MissingParameter("The request must contain an attribute to modify.")
     options: dict[str, object] = {}
     fixed: dict[str, str] = {}
@@ -403,7 +406,21 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
         else:
             fixed[attr] = value
     return ModifyInstanceRequest(iid, options, instance_type, user_data, fixed,
-                                 dry_run=p.flag("DryRun"), group_ids=group_ids)
+                                 dry_run=p.flag("DryRun"), group_ids=group_ids,
+                                 delete_on_termination=mappings)
+
+
+def _delete_on_termination(m: Params) -> tuple[str, bool]:
+    """One BlockDeviceMapping.N of ModifyInstanceAttribute: the device, and whether its
+    volume goes with the instance (the one thing EC2 changes there)."""
+    device = m.get("DeviceName")
+    if not device:
+        raise MissingParameter("The request must contain the parameter "
+                               "BlockDeviceMapping.DeviceName")
+    if not m.has("Ebs.DeleteOnTermination"):
+        raise MissingParameter("The request must contain the parameter "
+                               "BlockDeviceMapping.Ebs.DeleteOnTermination")
+    return device, m.flag("Ebs.DeleteOnTermination")
 
 
 def _boolean(attr: str, value: str) -> bool:

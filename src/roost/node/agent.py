@@ -471,6 +471,7 @@ class NodeAgent:
             client_token=req.client_token, owner_id=req.owner_id,
             ami_launch_index=req.ami_launch_index, gpus=list(alloc.gpus),
             updated_at=now, options=req.options, private_ip=req.private_ip, network=req.network,
+            public_ip=req.public_ip,
         )
         self._records[instance_id] = rec
         self.state.put(rec, user_data=req.user_data)
