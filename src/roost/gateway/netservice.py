@@ -334,7 +334,10 @@ class NetworkService:
     def resolve(self, req: LaunchNetwork, zone: str, root_device: str = DEFAULT_ROOT_DEVICE
                 ) -> tuple[Subnet, InstanceNetwork]:
         """Check what a launch names (subnet, groups, key) and fill EC2's defaults.
-        ``zone`` is the zone asked for, or the one chosen, when no subnet is given."""
+        ``zone`` is the zone asked for, or the one chosen, when no subnet is given.
+        The mappings are checked first: they are the request's own form, which EC2
+        checks before it looks anything up."""
+        root, volumes = req.devices(root_device)
         if req.subnet_id:
             subnet = self.subnet(req.subnet_id)
             if zone and zone != subnet.availability_zone:
@@ -359,7 +362,6 @@ class NetworkService:
             default = self.store.group_named(subnet.vpc_id, "default")
             groups = [default] if default is not None else []
         public_key = self.key_pair(req.key_name).public_key if req.key_name else ""
-        root, volumes = req.devices(root_device)
         network = InstanceNetwork(
             subnet_id=subnet.subnet_id, vpc_id=subnet.vpc_id,
             security_group_ids=list(dict.fromkeys(g.group_id for g in groups)),
