@@ -446,6 +446,16 @@ def test_public_ipv4_addresses(ec2: Any) -> None:
     fails("InvalidParameterValue", ec2.modify_subnet_attribute, SubnetId=sub["SubnetId"],
           EnableDns64={"Value": True})
     fails("MissingParameter", ec2.modify_subnet_attribute, SubnetId=sub["SubnetId"])
+    # Stopped, it has none (EC2 gives it back); started again, it gets one anew.
+    ec2.stop_instances(InstanceIds=[public["InstanceId"]])
+    stopped = wait_state(ec2, public["InstanceId"], "stopped", timeout=30)
+    assert "PublicIpAddress" not in stopped and stopped["PublicDnsName"] == ""
+    ec2.start_instances(InstanceIds=[public["InstanceId"]])
+    started = wait_state(ec2, public["InstanceId"], "running", timeout=30)
+    assert ipaddress.IPv4Address(started["PublicIpAddress"]) in ipaddress.IPv4Network(
+        "198.18.0.0/15")
+    assert started["NetworkInterfaces"][0]["Association"]["PublicIp"] == started[
+        "PublicIpAddress"]
     # Terminated, it shows no address (its claim in the pool is released).
     ids = [i["InstanceId"] for i in (on_default, private, public, opted_out)]
     ec2.terminate_instances(InstanceIds=ids)

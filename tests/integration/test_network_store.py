@@ -91,6 +91,27 @@ async def test_terminated_instance_gives_its_addresses_back(
     assert a.addresses_in_use(PUBLIC_POOL_ID) == 0
 
 
+async def test_a_stopped_instance_gives_its_public_address_back(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, b = stores
+    old = await a.allocate(a.public_pool, "r-2-0")
+    new = await a.allocate(a.public_pool, "r-2-0")  # started again: a new one
+    await asyncio.sleep(0.2)
+    rec = s.InstanceRecord(instance_id="i-0123456789abcdef1", node_id="n1",
+                           instance_type="t3.micro", image_id="ami-00000000000000001",
+                           state="running", launch_id="r-2-0", reservation_id="r-2",
+                           launch_time="2026-01-01T00:00:00Z", availability_zone="roost-1a",
+                           public_ip=old)
+    b.public_dropped(rec)  # another gateway saw the node clear it on stop
+    for _ in range(50):
+        if a.addresses_in_use(PUBLIC_POOL_ID) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert a.addresses_in_use(PUBLIC_POOL_ID) == 1
+    assert await b.allocate(b.public_pool, "r-3-0", old) == old  # free again
+    assert new != old
+
+
 async def test_sweep_frees_addresses_no_instance_holds(
         stores: tuple[NetworkStore, NetworkStore]) -> None:
     a, _ = stores

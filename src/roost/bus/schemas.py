@@ -127,7 +127,9 @@ class InstanceRecord(Msg):
     state_reason: str = ""
     state_transition_reason: str = ""
     private_ip: str = ""
-    public_ip: str = ""  # from the public IPv4 pool; held until the instance terminates
+    public_ip: str = ""
+    """From the public IPv4 pool; cleared by the node when the instance stops (the
+    gateways then free the claim), a new one given at the next start."""
     client_token: str = ""
     owner_id: str = ""
     ami_launch_index: int = 0
@@ -143,9 +145,8 @@ class InstanceRecord(Msg):
 
     @property
     def shown_public_ip(self) -> str:
-        """The public IPv4 address EC2 would show: none while the instance is stopped
-        or terminated (EC2 gives it back on stop; roost holds it until termination,
-        docs/gateway.md)."""
+        """The public IPv4 address EC2 shows: none once the instance is stopped or
+        terminated (its claim may outlive that by a sweep's period)."""
         return self.public_ip if self.state in ("pending", "running", "shutting-down") else ""
 
     @property
@@ -167,6 +168,9 @@ class InstanceCommand(Msg):
     instance_id: str
     force: bool = False
     changes: InstanceChanges | None = None  # op "modify" only
+    public_ip: str = ""
+    """Op "start" only: the public IPv4 address the gateway claimed for the instance
+    (EC2 gives a stopped instance's address back and assigns a new one on start)."""
 
 
 class InstanceChanges(Msg):

@@ -406,6 +406,10 @@ class NetworkStore:
             return
         self._chore(self.release(rec.network.subnet_id, rec.private_ip, rec.launch_id))
 
+    def public_dropped(self, rec: InstanceRecord) -> None:
+        """``rec``'s public address is no longer its own (it stopped): give it back."""
+        self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
+
     async def _forget_groups(self, instance_id: str) -> None:
         try:
             await self._kvs["network"].delete(f"igroups.{instance_id}")

@@ -177,6 +177,7 @@ class Gateway:
         self._volumes = volumes
         index.on_gone = _each(network.instance_gone, volumes.instance_gone,
                               quotas.instance_gone)
+        index.on_public_dropped = network.public_dropped
         index.group_overrides = network.instance_groups
         network.start(index.all)
         volumes.start()

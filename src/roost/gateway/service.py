@@ -324,12 +324,20 @@ class Ec2Service:
                 at=now_iso()))
             return StateChange(iid, shown.state, rec.state)
         held = op == "start" and rec.state == "stopped" and await self._hold(rec)
+        public = ""
         try:
-            reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+            if op == "start" and rec.state == "stopped":
+                (public,) = await self.net.place_public(rec.net, [rec.launch_id])
+            reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force,
+                                                         public_ip=public))
         except Exception:
             if held:
                 await self._release(rec)
+            await self.net.release(self.net.store.public_pool, [rec.launch_id], [public])
             raise
+        if public and (reply.instance is None or reply.instance.public_ip != public):
+            # Started already by a racing call, which claimed its own.
+            await self.net.release(self.net.store.public_pool, [rec.launch_id], [public])
         if op == "stop":
             await self._release(rec)
         current = reply.instance.state if reply.instance is not None else rec.state
