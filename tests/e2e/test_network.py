@@ -504,3 +504,41 @@ def test_root_device_is_the_images(ec2: Any, tmp_path: Any) -> None:
     assert kept["State"] == "available"
     ec2.delete_volume(VolumeId=vol["VolumeId"])
     ec2.deregister_image(ImageId=ami)
+
+
+def test_ipv6_blocks_and_addresses(ec2: Any) -> None:
+    """AmazonProvidedIpv6CidrBlock gives a VPC a /56 of 2001:db8::/32 (recorded, not
+    routed), a subnet takes a /64 of it, and Ipv6AddressCount gives instances addresses
+    of the subnet's /64."""
+    vpc = ec2.create_vpc(CidrBlock="10.50.0.0/16", AmazonProvidedIpv6CidrBlock=True)["Vpc"]
+    (assoc,) = vpc["Ipv6CidrBlockAssociationSet"]
+    block = ipaddress.IPv6Network(assoc["Ipv6CidrBlock"])
+    assert block.prefixlen == 56 and block.subnet_of(ipaddress.IPv6Network("2001:db8::/32"))
+    assert assoc["Ipv6CidrBlockState"]["State"] == "associated"
+    other = ec2.create_vpc(CidrBlock="10.51.0.0/16", AmazonProvidedIpv6CidrBlock=True)["Vpc"]
+    assert other["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"] != str(block)
+    plain = ec2.create_vpc(CidrBlock="10.52.0.0/16")["Vpc"]
+    assert plain["Ipv6CidrBlockAssociationSet"] == []
+    sixty_four = str(next(block.subnets(new_prefix=64)))
+    sub = ec2.create_subnet(VpcId=vpc["VpcId"], CidrBlock="10.50.0.0/24",
+                            Ipv6CidrBlock=sixty_four)["Subnet"]
+    assert sub["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"] == sixty_four
+    fails("InvalidSubnet.Conflict", ec2.create_subnet, VpcId=vpc["VpcId"],
+          CidrBlock="10.50.1.0/24", Ipv6CidrBlock=sixty_four)
+    fails("InvalidSubnet.Range", ec2.create_subnet, VpcId=vpc["VpcId"],
+          CidrBlock="10.50.2.0/24", Ipv6CidrBlock=str(block))  # a /56, not a /64
+    fails("InvalidSubnet.Range", ec2.create_subnet, VpcId=plain["VpcId"],
+          CidrBlock="10.52.0.0/24", Ipv6CidrBlock=sixty_four)
+    insts = run(ec2, 2, SubnetId=sub["SubnetId"], Ipv6AddressCount=2)
+    addresses = [a["Ipv6Address"] for i in insts for a in i["NetworkInterfaces"][0][
+        "Ipv6Addresses"]]
+    assert len(set(addresses)) == 4
+    assert all(ipaddress.IPv6Address(a) in ipaddress.IPv6Network(sixty_four) for a in addresses)
+    assert insts[0]["Ipv6Address"] == addresses[0]
+    fails("InvalidParameterValue", run, ec2, Ipv6AddressCount=1)  # the default subnet has none
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in insts])
+    for i in insts:
+        wait_state(ec2, i["InstanceId"], "terminated", timeout=30)
+    ec2.delete_subnet(SubnetId=sub["SubnetId"])
+    for v in (vpc, other, plain):
+        ec2.delete_vpc(VpcId=v["VpcId"])

@@ -106,6 +106,8 @@ class InstanceNetwork(Msg):
     source_dest_check: bool = True
     hibernation: bool = False
     """HibernationOptions.Configured: recorded; roost instances stop, never hibernate."""
+    ipv6_addresses: list[str] = []
+    """Of the subnet's /64 (Ipv6AddressCount; `roost.domain.network.ipv6_addresses`)."""
     associate_public_ip: bool = False
     """Whether the instance has a public IPv4 address (the launch's
     AssociatePublicIpAddress, else its subnet's MapPublicIpOnLaunch)."""

@@ -54,6 +54,8 @@ class Vpc(msgspec.Struct, frozen=True, tag="vpc"):
     is_default: bool = False
     tags: dict[str, str] = {}
     tenancy: str = "default"
+    ipv6_cidr: str = ""
+    """The /56 CreateVpc's AmazonProvidedIpv6CidrBlock gave it (`IPV6_POOL`)."""
 
 
 class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
@@ -67,6 +69,8 @@ class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
     map_public_ip_on_launch: bool = False
     """Whether instances launched into it get a public IPv4 address (true for default
     subnets, as on EC2; `ModifySubnetAttribute` changes it)."""
+    ipv6_cidr: str = ""
+    """A /64 of its VPC's IPv6 block (CreateSubnet's Ipv6CidrBlock), or none."""
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -185,6 +189,49 @@ allocator: a block whose addresses are claimed once each)."""
 def public_pool_subnet(cidr: str) -> Subnet:
     """The public IPv4 pool as the address allocator sees it."""
     return Subnet(PUBLIC_POOL_ID, "", cidr, "", "")
+
+
+IPV6_POOL = ipaddress.IPv6Network("2001:db8::/32")
+"""Where VPCs' IPv6 blocks come from: RFC 3849's documentation prefix, which nothing
+routes. Recorded, not routed (docs/gateway.md)."""
+IPV6_BLOCKS = 1 << (56 - 32)
+
+
+def ipv6_block(vpc_id: str, attempt: int) -> tuple[int, str]:
+    """The ``attempt``-th candidate /56 for ``vpc_id`` (its number in the pool, and the
+    block): spread by a hash, claimed with compare-and-set by the caller."""
+    digest = hashlib.sha256(f"{vpc_id}/{attempt}".encode()).digest()
+    n = int.from_bytes(digest[:8], "big") % IPV6_BLOCKS
+    base = int(IPV6_POOL.network_address) + (n << (128 - 56))
+    return n, str(ipaddress.IPv6Network((base, 56)))
+
+
+def check_ipv6_subnet(cidr: str, vpc_block: str) -> ipaddress.IPv6Network | None:
+    """``cidr`` as a /64 inside ``vpc_block`` (EC2's only size for a subnet), else None."""
+    try:
+        net = ipaddress.IPv6Network(cidr, strict=True)
+    except ValueError:
+        return None
+    if not vpc_block or net.prefixlen != 64 or not net.subnet_of(
+            ipaddress.IPv6Network(vpc_block)):
+        return None
+    return net
+
+
+def ipv6_addresses(subnet_cidr: str, launch_id: str, count: int) -> list[str]:
+    """``count`` addresses of a /64 for one launch: derived from its launch id (2^64
+    addresses a subnet, so two launches meet with odds far below any hardware fault's),
+    never the four lowest or the highest, which EC2 reserves."""
+    net = ipaddress.IPv6Network(subnet_cidr)
+    out: list[str] = []
+    k = 0
+    while len(out) < count:
+        digest = hashlib.sha256(f"{launch_id}/{k}".encode()).digest()
+        suffix = int.from_bytes(digest[:8], "big")
+        k += 1
+        if RESERVED_LOW <= suffix < (1 << 64) - 1:
+            out.append(str(net.network_address + suffix))
+    return out
 
 
 def public_dns_name(ip: str) -> str:

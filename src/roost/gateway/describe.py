@@ -147,6 +147,9 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "network-interface.addresses.association.public-ip": lambda r: _public(
         r, r.shown_public_ip),
     "network-interface.association.ip-owner-id": lambda r: _public(r, "amazon"),
+    "ipv6-address": lambda r: r.net.ipv6_addresses if r.state != "terminated" else [],
+    "network-interface.ipv6-addresses.ipv6-address": lambda r: (
+        r.net.ipv6_addresses if r.state != "terminated" else []),
     "launch-time": lambda r: [timestamp(r.launch_time)],
     "architecture": lambda r: ["x86_64"],
     "source-dest-check": lambda r: [str(r.net.source_dest_check).lower()],

@@ -77,6 +77,7 @@ class LaunchNetwork:
     associate_public_ip: bool | None = None
     """NetworkInterface.1.AssociatePublicIpAddress; None: the subnet's
     MapPublicIpOnLaunch decides."""
+    ipv6_count: int = 0  # Ipv6AddressCount (or NetworkInterface.1.Ipv6AddressCount)
 
     def devices(self, root_device: str) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
         """The mappings as the image sees them: the one of its root device sizes the
@@ -164,6 +165,7 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
     # it sets associate_public_ip_address).
     nics = p.members("NetworkInterface")
     public: bool | None = None
+    ipv6_count = p.integer("Ipv6AddressCount") or 0
     if subnet and nics:
         raise InvalidParameterCombination(
             "Network interfaces and an instance-level subnet ID may not be specified on "
@@ -176,6 +178,13 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         group_ids += nic.values("SecurityGroupId")
         if nic.has("AssociatePublicIpAddress"):
             public = nic.flag("AssociatePublicIpAddress")
+        ipv6_count = nic.integer("Ipv6AddressCount") or ipv6_count
+    if not 0 <= ipv6_count <= 10:
+        raise InvalidParameterValue(f"Value ({ipv6_count}) for parameter Ipv6AddressCount "
+                                    "is invalid: roost gives 0 to 10.")
+    if p.has("Ipv6Address") or any(nic.has("Ipv6Addresses") for nic in nics):
+        raise InvalidParameterValue("roost assigns IPv6 addresses itself: give "
+                                    "Ipv6AddressCount, not Ipv6Address.N.")
     if subnet:
         check_id("subnet", subnet)
     for gid in group_ids:
@@ -201,6 +210,7 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         tenancy=tenancy,
         monitoring=p.flag("Monitoring.Enabled"), ebs_optimized=p.flag("EbsOptimized"),
         hibernation=p.flag("HibernationOptions.Configured"), associate_public_ip=public,
+        ipv6_count=ipv6_count,
     )
 
 
@@ -212,6 +222,7 @@ class CreateVpcRequest:
     cidr: str
     tags: tuple[tuple[str, str], ...] = ()
     tenancy: str = "default"
+    ipv6: bool = False  # AmazonProvidedIpv6CidrBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +231,7 @@ class CreateSubnetRequest:
     cidr: str
     availability_zone: str = ""
     tags: tuple[tuple[str, str], ...] = ()
+    ipv6_cidr: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,13 +290,14 @@ def parse_create_vpc(p: Params) -> CreateVpcRequest:
     if tenancy not in ("default", "dedicated", "host"):
         raise InvalidParameterValue(f"Value ({tenancy[:80]}) for parameter "
                                     "instanceTenancy is invalid.")
-    return CreateVpcRequest(p.require("CidrBlock"), resource_tags(p, "vpc"), tenancy)
+    return CreateVpcRequest(p.require("CidrBlock"), resource_tags(p, "vpc"), tenancy,
+                            p.flag("AmazonProvidedIpv6CidrBlock"))
 
 
 def parse_create_subnet(p: Params) -> CreateSubnetRequest:
     vpc = check_id("vpc", p.require("VpcId"))
     return CreateSubnetRequest(vpc, p.require("CidrBlock"), p.get("AvailabilityZone") or "",
-                               resource_tags(p, "subnet"))
+                               resource_tags(p, "subnet"), p.get("Ipv6CidrBlock") or "")
 
 
 _SUBNET_ATTRIBUTES = ("AssignIpv6AddressOnCreation", "MapCustomerOwnedIpOnLaunch",

@@ -7,6 +7,7 @@ Recorded, not enforced: no packet is routed or filtered by any of this (docs/gat
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from roost.domain.network import (
     Subnet,
     Vpc,
     check_block,
+    check_ipv6_subnet,
     default_group,
 )
 from roost.domain.volumes import DEFAULT_ROOT_DEVICE
@@ -162,7 +164,15 @@ class NetworkService:
             raise InvalidVpcRange(f"The CIDR '{req.cidr[:80]}' is invalid.")
         vpc = Vpc(_new_id("vpc"), str(net), account(self.store.owner_id), tags=dict(req.tags),
                   tenancy=req.tenancy)
-        await self.store.create(vpc)
+        if req.ipv6:
+            vpc = msgspec.structs.replace(
+                vpc, ipv6_cidr=await self.store.claim_ipv6_block(vpc.vpc_id))
+        try:
+            await self.store.create(vpc)
+        except Exception:
+            if vpc.ipv6_cidr:
+                await self.store.release_ipv6_block(vpc.vpc_id, vpc.ipv6_cidr)
+            raise
         group = default_group(vpc)
         await self.store.create(group)
         await self.store.claim_name(vpc.vpc_id, "default", group.group_id)
@@ -183,6 +193,8 @@ class NetworkService:
             await self.store.remove(g.group_id)
             await self.store.release_name(vpc_id, g.group_name, g.owner_id)
         await self.store.remove(vpc_id)
+        if vpc.ipv6_cidr:
+            await self.store.release_ipv6_block(vpc_id, vpc.ipv6_cidr)
 
     async def create_subnet(self, req: CreateSubnetRequest, zones: Sequence[str]) -> Subnet:
         vpc = self.vpc(req.vpc_id)
@@ -194,13 +206,25 @@ class NetworkService:
             if other.vpc_id == vpc.vpc_id and other.network.overlaps(net):
                 raise InvalidSubnetConflict(
                     f"The CIDR '{req.cidr}' conflicts with another subnet")
+        ipv6 = ""
+        if req.ipv6_cidr:
+            found = check_ipv6_subnet(req.ipv6_cidr, vpc.ipv6_cidr)
+            if found is None:
+                raise InvalidSubnetRange(f"The IPv6 CIDR '{req.ipv6_cidr[:80]}' is invalid: "
+                                         "a /64 of the VPC's IPv6 block.")
+            if any(o.vpc_id == vpc.vpc_id and o.ipv6_cidr
+                   and ipaddress.IPv6Network(o.ipv6_cidr).overlaps(found)
+                   for o in self.store.subnets()):
+                raise InvalidSubnetConflict(
+                    f"The CIDR '{req.ipv6_cidr}' conflicts with another subnet")
+            ipv6 = str(found)
         zone = req.availability_zone or zones[0]
         if zone not in zones:
             raise InvalidParameterValue(f"Value ({zone[:80]}) for parameter "
                                         "availabilityZone is invalid. Subnets can currently "
                                         f"only be created in: {', '.join(zones)}.")
         subnet = Subnet(_new_id("subnet"), vpc.vpc_id, str(net), zone, account(self.store.owner_id),
-                        tags=dict(req.tags))
+                        tags=dict(req.tags), ipv6_cidr=ipv6)
         await self.store.create(subnet)
         return subnet
 
@@ -347,6 +371,10 @@ class NetworkService:
                     f"{subnet.availability_zone}")
         else:
             subnet = self.store.default_subnet_for(zone)
+        if req.ipv6_count and not subnet.ipv6_cidr:
+            raise InvalidParameterValue(
+                f"The subnet '{subnet.subnet_id}' has no IPv6 CIDR block: it cannot give "
+                f"{req.ipv6_count} IPv6 address(es).")
         groups = [self.group(GroupRef(group_id=g)) for g in req.group_ids]
         for name in req.group_names:
             found = self.store.group_named(subnet.vpc_id, name)

@@ -48,6 +48,7 @@ from roost.domain.network import (
     default_subnet,
     default_vpc,
     first_free,
+    ipv6_block,
     public_pool_subnet,
     usable,
 )
@@ -284,6 +285,30 @@ class NetworkStore:
         self._names[key] = group_id
         return True
 
+    async def claim_ipv6_block(self, vpc_id: str) -> str:
+        """A /56 of the IPv6 pool for ``vpc_id``, claimed under ``ipv6block.<n>`` with
+        compare-and-set (two gateways never give one block twice)."""
+        for attempt in range(_RETRIES):
+            n, block = ipv6_block(vpc_id, attempt)
+            try:
+                await self._kvs["network"].create(f"ipv6block.{n}", vpc_id.encode())
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            except BUS_DOWN as exc:
+                raise _unavailable("network", exc) from None
+            return block
+        raise ServiceUnavailable("No free IPv6 block was found; retry.")
+
+    async def release_ipv6_block(self, vpc_id: str, block: str) -> None:
+        for attempt in range(_RETRIES):
+            n, candidate = ipv6_block(vpc_id, attempt)
+            if candidate == block:
+                try:
+                    await self._kvs["network"].delete(f"ipv6block.{n}")
+                except BUS_DOWN as exc:
+                    log.warning("could not release %s of %s: %r", block, vpc_id, exc)
+                return
+
     async def release_name(self, vpc_id: str, name: str, owner_id: str) -> None:
         key = name_key(vpc_id, name, owner_id)
         try:
@@ -496,6 +521,8 @@ class NetworkStore:
                     self.instance_groups.pop(iid, None)
                 else:
                     self.instance_groups[iid] = msgspec.json.decode(value, type=list[str])
+            elif key.startswith("ipv6block."):
+                pass  # claims only: the VPC record carries its block
             elif key.startswith("sgname."):
                 if removed:
                     self._names.pop(key, None)

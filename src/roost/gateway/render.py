@@ -146,8 +146,18 @@ def interface(rec: InstanceRecord, names: Mapping[str, str], *,
         f"{association}"
         f"<privateIpAddressesSet><item><privateIpAddress>{ip}</privateIpAddress>"
         f"<privateDnsName>{dns}</privateDnsName><primary>true</primary>{association}</item>"
-        f"</privateIpAddressesSet><ipv6AddressesSet/><interfaceType>interface</interfaceType>"
+        f"</privateIpAddressesSet>{_ipv6_set(net.ipv6_addresses)}"
+        "<interfaceType>interface</interfaceType>"
     )
+
+
+def _ipv6_set(addresses: list[str]) -> str:
+    if not addresses:
+        return "<ipv6AddressesSet/>"
+    return "<ipv6AddressesSet>" + "".join(
+        f"<item><ipv6Address>{escape_text(a)}</ipv6Address>"
+        "<isPrimaryIpv6>false</isPrimaryIpv6></item>" for a in addresses
+    ) + "</ipv6AddressesSet>"
 
 
 def _mac(instance_id: str) -> str:
@@ -200,6 +210,7 @@ def instance(rec: InstanceRecord, itype: InstanceType | None,
         text("rootDeviceName", net.root_device_name),
         text("dnsName", public_dns_name(public)),
         text("ipAddress", public or None),
+        text("ipv6Address", net.ipv6_addresses[0] if live and net.ipv6_addresses else None),
         _group_set(net.security_group_ids if live else (), names),
         node("stateReason", text("code", reason), text("message", reason)) if reason else "",
         _block_devices(rec, launched, devices),

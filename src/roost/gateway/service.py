@@ -41,7 +41,7 @@ from roost.domain.errors import (
     ServiceUnavailable,
 )
 from roost.domain.lifecycle import InstanceState
-from roost.domain.network import Subnet
+from roost.domain.network import Subnet, ipv6_addresses
 from roost.gateway.capacity import CapacityView
 from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
@@ -88,6 +88,14 @@ class Site:
     @property
     def default_zone(self) -> str:
         return f"{self.region}a"
+
+
+def _with_ipv6(target: Target, launch_id: str, count: int) -> InstanceNetwork:
+    """The launch's network identity, with its IPv6 addresses when it asked for any."""
+    if not count:
+        return target.network
+    return msgspec.structs.replace(target.network, ipv6_addresses=ipv6_addresses(
+        target.subnet.ipv6_cidr, launch_id, count))
 
 
 def new_reservation_id() -> str:
@@ -215,7 +223,8 @@ class Ec2Service:
                 await self.tokens.release(claim)
             raise
         launches = [msgspec.structs.replace(launch, private_ip=ip, public_ip=pub,
-                                            network=target.network)
+                                            network=_with_ipv6(target, launch.launch_id,
+                                                               req.network.ipv6_count))
                     for launch, ip, pub in zip(launches, addresses, publics, strict=True)]
         try:
             records = await self.launcher.launch_many(
