@@ -477,6 +477,8 @@ def test_root_device_is_the_images(ec2: Any, tmp_path: Any) -> None:
                              RootDeviceName="/dev/sda1")["ImageId"]
     (image,) = ec2.describe_images(ImageIds=[ami])["Images"]
     assert image["RootDeviceName"] == "/dev/sda1"
+    (mapping,) = image["BlockDeviceMappings"]
+    assert mapping["DeviceName"] == "/dev/sda1" and mapping["Ebs"]["VolumeSize"] == 8
     fails("InvalidParameterValue", ec2.register_image, Name="bad-root",
           ImageLocation=str(disk), RootDeviceName="sda1")
     (inst,) = ec2.run_instances(
@@ -489,6 +491,7 @@ def test_root_device_is_the_images(ec2: Any, tmp_path: Any) -> None:
     (vol,) = ec2.describe_volumes(
         Filters=[{"Name": "attachment.instance-id", "Values": [iid]}])["Volumes"]
     assert vol["Size"] == 20 and vol["Attachments"][0]["Device"] == "/dev/sda1"
+    assert vol["SnapshotId"] == mapping["Ebs"]["SnapshotId"]
     attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="rootDeviceName")
     assert attr["RootDeviceName"]["Value"] == "/dev/sda1"
     ec2.modify_instance_attribute(InstanceId=iid, BlockDeviceMappings=[

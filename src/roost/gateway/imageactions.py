@@ -31,11 +31,11 @@ from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
 from roost.gateway.describe import Field, apply_filters
 from roost.gateway.images import ImageStore, now
-from roost.gateway.netrequests import resource_tags
+from roost.gateway.netrequests import IMAGE_ROOT_GIB, resource_tags
 from roost.gateway.query import Params
 from roost.gateway.service import DRY_RUN
 from roost.gateway.tenancy import account
-from roost.gateway.xml import Fragment, items, response, text, timestamp
+from roost.gateway.xml import Fragment, items, node, response, text, timestamp
 
 # -- RegisterImage: what a well-formed call is ----------------------------------------
 
@@ -139,6 +139,16 @@ def _tags(tags: Iterable[tuple[str, str]]) -> Fragment:
     return items("tagSet", (text("key", k) + text("value", v) for k, v in tags))
 
 
+def _root_mapping(image: Image) -> Fragment:
+    """The image's root device, as EC2 lists an EBS-backed image's: what a launch gets
+    unless its own mapping for the device says otherwise."""
+    return items("blockDeviceMapping", [
+        text("deviceName", image.root_device_name)
+        + node("ebs", text("snapshotId", "snap-" + image.image_id[4:])
+               + text("volumeSize", IMAGE_ROOT_GIB) + text("deleteOnTermination", True)
+               + text("volumeType", "gp2") + text("encrypted", False))])
+
+
 def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> str:
     return response("DescribeImages", request_id, items("imagesSet", (
         text("imageId", i.image_id) + text("imageLocation", i.location)
@@ -147,7 +157,7 @@ def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> st
         + text("isPublic", not i.registered) + text("architecture", i.architecture)
         + text("imageType", "machine") + text("name", i.name)
         + text("description", i.description or None) + text("rootDeviceType", "ebs")
-        + text("rootDeviceName", i.root_device_name) + Fragment("<blockDeviceMapping/>")
+        + text("rootDeviceName", i.root_device_name) + _root_mapping(i)
         + text("virtualizationType", "hvm") + text("hypervisor", "xen")
         + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
         + (_tags(i.tags) if i.tags else Fragment(""))
