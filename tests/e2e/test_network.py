@@ -545,3 +545,33 @@ def test_ipv6_blocks_and_addresses(ec2: Any) -> None:
     ec2.delete_subnet(SubnetId=sub["SubnetId"])
     for v in (vpc, other, plain):
         ec2.delete_vpc(VpcId=v["VpcId"])
+
+
+def test_an_images_root_mapping_is_its_instances_default(ec2: Any, tmp_path: Any) -> None:
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(bytes(4096))
+    root = {"DeviceName": "/dev/xvda",
+            "Ebs": {"VolumeSize": 30, "VolumeType": "gp3", "DeleteOnTermination": False}}
+    ami = ec2.register_image(Name="big-root", ImageLocation=str(disk),
+                             BlockDeviceMappings=[root])["ImageId"]
+    (mapping,) = ec2.describe_images(ImageIds=[ami])["Images"][0]["BlockDeviceMappings"]
+    assert (mapping["Ebs"]["VolumeSize"], mapping["Ebs"]["VolumeType"],
+            mapping["Ebs"]["DeleteOnTermination"]) == (30, "gp3", False)
+    for bad in ({"DeviceName": "/dev/sdf", "Ebs": {"VolumeSize": 10}},
+                {"DeviceName": "/dev/xvda", "Ebs": {"SnapshotId": "snap-0123456789abcdef0"}},
+                {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 4}}):
+        fails("InvalidParameterValue", ec2.register_image, Name="bad-map",
+              ImageLocation=str(disk), BlockDeviceMappings=[bad])
+    (inst,) = ec2.run_instances(ImageId=ami, InstanceType="t3.micro", MinCount=1,
+                                MaxCount=1)["Instances"]
+    assert inst["BlockDeviceMappings"][0]["Ebs"]["DeleteOnTermination"] is False
+    (vol,) = ec2.describe_volumes(Filters=[
+        {"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}])["Volumes"]
+    assert (vol["Size"], vol["VolumeType"]) == (30, "gp3")
+    fails("InvalidBlockDeviceMapping", ec2.run_instances, ImageId=ami, InstanceType="t3.micro",
+          MinCount=1, MaxCount=1,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 20}}])
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    wait_state(ec2, inst["InstanceId"], "terminated", timeout=30)
+    ec2.delete_volume(VolumeId=vol["VolumeId"])  # kept: the image said so
+    ec2.deregister_image(ImageId=ami)

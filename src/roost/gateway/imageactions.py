@@ -26,7 +26,7 @@ from roost.domain.images import (
     disk_format,
     is_kernel,
 )
-from roost.domain.volumes import DEFAULT_ROOT_DEVICE, valid_device
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE, VOLUME_TYPES, size_error, valid_device
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
 from roost.gateway.describe import Field, apply_filters
@@ -64,14 +64,11 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
     if arch != "x86_64":
         raise InvalidParameterValue(f"Value ({arch[:40]}) for parameter architecture is "
                                     "invalid. roost's nodes run x86_64 only.")
-    if p.has("BlockDeviceMapping"):
-        raise InvalidParameterValue(
-            "roost registers images from files, not snapshots: give ImageLocation (a raw "
-            "or qcow2 disk image) or KernelId (and RamdiskId) as paths on the nodes.")
     root_device = p.get("RootDeviceName") or DEFAULT_ROOT_DEVICE
     if not valid_device(root_device):
         raise InvalidParameterValue(f"Value ({root_device[:80]}) for parameter "
                                     "rootDeviceName is invalid.")
+    root = _root_volume(p, root_device)
     location, kernel, initrd = p.get("ImageLocation"), p.get("KernelId"), p.get("RamdiskId")
     if location and kernel:
         raise InvalidParameterValue("Give ImageLocation (a disk image) or KernelId (a "
@@ -84,7 +81,9 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
         raise InvalidParameterValue("RamdiskId needs a KernelId.")
     image = Image("", name, p.get("Description") or "", "sh", registered=True,
                   owner_id=owner_id, created=now(), architecture=arch,
-                  tags=resource_tags(p, "image"), root_device_name=root_device)
+                  tags=resource_tags(p, "image"), root_device_name=root_device,
+                  root_volume_size=root[0], root_volume_type=root[1],
+                  root_delete_on_termination=root[2])
     if location:
         head = _head(check_path(location, "ImageLocation"), "ImageLocation")
         image = replace(image, disk=location, disk_format=disk_format(head))
@@ -97,6 +96,31 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
             _head(check_path(initrd, "RamdiskId"), "RamdiskId")
         image = replace(image, kernel=kernel, initrd=initrd or "")
     return image, p.flag("DryRun")
+
+
+def _root_volume(p: Params, root_device: str) -> tuple[int, str, bool]:
+    """BlockDeviceMapping.N of RegisterImage: roost's images map their root device only
+    (size, type, DeleteOnTermination of their instances' root volume); the disk is the
+    image's file, so a snapshot is refused."""
+    size, vtype, delete = IMAGE_ROOT_GIB, "gp2", True
+    for m in p.members("BlockDeviceMapping"):
+        if m.get("DeviceName") != root_device or m.has("Ebs.SnapshotId") or not m.has("Ebs"):
+            raise InvalidParameterValue(
+                "roost registers images from files, not snapshots: a BlockDeviceMapping "
+                f"may only size the root device ({root_device[:80]}) with Ebs.VolumeSize, "
+                "VolumeType and DeleteOnTermination.")
+        size = m.integer("Ebs.VolumeSize") or size
+        vtype = m.get("Ebs.VolumeType") or vtype
+        if vtype not in VOLUME_TYPES:
+            raise InvalidParameterValue(f"Value ({vtype[:80]}) for parameter volumeType is "
+                                        f"invalid. Valid values: {', '.join(VOLUME_TYPES)}.")
+        why = (f"at least {IMAGE_ROOT_GIB} GiB" if size < IMAGE_ROOT_GIB
+               else size_error(vtype, size))
+        if why:
+            raise InvalidParameterValue(f"Value ({size}) for parameter volumeSize is "
+                                        f"invalid: {why}")
+        delete = m.flag("Ebs.DeleteOnTermination", default=True)
+    return size, vtype, delete
 
 
 # -- DescribeImages ---------------------------------------------------------------------
@@ -145,8 +169,9 @@ def _root_mapping(image: Image) -> Fragment:
     return items("blockDeviceMapping", [
         text("deviceName", image.root_device_name)
         + node("ebs", text("snapshotId", "snap-" + image.image_id[4:])
-               + text("volumeSize", IMAGE_ROOT_GIB) + text("deleteOnTermination", True)
-               + text("volumeType", "gp2") + text("encrypted", False))])
+               + text("volumeSize", image.root_volume_size)
+               + text("deleteOnTermination", image.root_delete_on_termination)
+               + text("volumeType", image.root_volume_type) + text("encrypted", False))])
 
 
 def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> str:

@@ -23,6 +23,7 @@ from roost.domain.errors import (
     InvalidVpcIDMalformed,
     MissingParameter,
 )
+from roost.domain.images import Image
 from roost.domain.network import Rule
 from roost.domain.volumes import VOLUME_TYPES, LaunchVolume, size_error, valid_device
 from roost.gateway.query import Params
@@ -56,7 +57,7 @@ class DeviceMapping:
     iops: int | None
     throughput: int | None
     encrypted: bool
-    delete_on_termination: bool
+    delete_on_termination: bool | None  # None: not given (the image's, or EC2's true)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,26 +80,31 @@ class LaunchNetwork:
     MapPublicIpOnLaunch decides."""
     ipv6_count: int = 0  # Ipv6AddressCount (or NetworkInterface.1.Ipv6AddressCount)
 
-    def devices(self, root_device: str) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
-        """The mappings as the image sees them: the one of its root device sizes the
-        root volume; any other is a new, empty volume (recorded, not provided:
+    def devices(self, image: Image) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
+        """The mappings as the image sees them: the one of its root device changes the
+        image's root volume; any other is a new, empty volume (recorded, not provided:
         docs/gateway.md)."""
-        root = RootVolume()
+        root = RootVolume(image.root_volume_size, image.root_volume_type,
+                          delete_on_termination=image.root_delete_on_termination)
         extra: list[LaunchVolume] = []
         for m in self.mappings:
-            if m.device == root_device:
-                if m.size is not None and m.size < IMAGE_ROOT_GIB:
+            if m.device == image.root_device_name:
+                if m.size is not None and m.size < image.root_volume_size:
                     raise InvalidBlockDeviceMapping(
                         f"Volume of size {m.size}GB is smaller than snapshot, expect size "
-                        f">= {IMAGE_ROOT_GIB}GB")
-                root = RootVolume(m.size, m.volume_type, m.iops, m.throughput, m.encrypted,
-                                  m.delete_on_termination)
+                        f">= {image.root_volume_size}GB")
+                root = RootVolume(m.size or root.size, m.volume_type or root.volume_type,
+                                  m.iops, m.throughput, m.encrypted,
+                                  root.delete_on_termination
+                                  if m.delete_on_termination is None
+                                  else m.delete_on_termination)
                 continue
             if m.size is None:
                 raise MissingParameter("The request must contain the parameter size or "
                                        "snapshotId")
             extra.append(LaunchVolume(m.device, m.size, m.volume_type or "gp2", m.iops,
-                                      m.throughput, m.encrypted, m.delete_on_termination))
+                                      m.throughput, m.encrypted,
+                                      m.delete_on_termination is not False))
         return root, tuple(extra)
 
 
@@ -151,7 +157,8 @@ def _block_devices(p: Params) -> tuple[DeviceMapping, ...]:
             raise InvalidParameterValue(why)
         iops, throughput = _ebs_checks(m, vtype)
         encrypted = m.flag("Ebs.Encrypted")
-        delete = m.flag("Ebs.DeleteOnTermination", default=True)
+        delete = (m.flag("Ebs.DeleteOnTermination") if m.get("Ebs.DeleteOnTermination")
+                  else None)
         found[device] = DeviceMapping(device, size, vtype, iops, throughput, encrypted,
                                       delete)
     return tuple(found.values())

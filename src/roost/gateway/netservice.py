@@ -37,6 +37,7 @@ from roost.domain.errors import (
     InvalidVpcRange,
     OperationNotPermitted,
 )
+from roost.domain.images import Image
 from roost.domain.network import (
     ALLOW_ALL_EGRESS,
     KeyPair,
@@ -47,10 +48,8 @@ from roost.domain.network import (
     check_ipv6_subnet,
     default_group,
 )
-from roost.domain.volumes import DEFAULT_ROOT_DEVICE
 from roost.gateway.keys import import_public_key, new_key_pair
 from roost.gateway.netrequests import (
-    IMAGE_ROOT_GIB,
     CreateGroupRequest,
     CreateSubnetRequest,
     CreateVpcRequest,
@@ -355,13 +354,13 @@ class NetworkService:
 
     # -- launches ---------------------------------------------------------------------
 
-    def resolve(self, req: LaunchNetwork, zone: str, root_device: str = DEFAULT_ROOT_DEVICE
+    def resolve(self, req: LaunchNetwork, zone: str, image: Image
                 ) -> tuple[Subnet, InstanceNetwork]:
         """Check what a launch names (subnet, groups, key) and fill EC2's defaults.
         ``zone`` is the zone asked for, or the one chosen, when no subnet is given.
         The mappings are checked first: they are the request's own form, which EC2
         checks before it looks anything up."""
-        root, volumes = req.devices(root_device)
+        root, volumes = req.devices(image)
         if req.subnet_id:
             subnet = self.subnet(req.subnet_id)
             if zone and zone != subnet.availability_zone:
@@ -394,7 +393,8 @@ class NetworkService:
             subnet_id=subnet.subnet_id, vpc_id=subnet.vpc_id,
             security_group_ids=list(dict.fromkeys(g.group_id for g in groups)),
             key_name=req.key_name, public_key=public_key,
-            root_device_name=root_device, root_volume_size=root.size or IMAGE_ROOT_GIB,
+            root_device_name=image.root_device_name,
+            root_volume_size=root.size or image.root_volume_size,
             root_volume_type=root.volume_type or "gp2", root_volume_iops=root.iops,
             root_volume_throughput=root.throughput, root_volume_encrypted=root.encrypted,
             root_delete_on_termination=root.delete_on_termination,

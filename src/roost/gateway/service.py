@@ -40,6 +40,7 @@ from roost.domain.errors import (
     RoostError,
     ServiceUnavailable,
 )
+from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
 from roost.domain.network import Subnet, ipv6_addresses
 from roost.gateway.capacity import CapacityView
@@ -153,10 +154,9 @@ class Ec2Service:
             )
         if req.dry_run:
             raise DryRunOperation(DRY_RUN)
-        return itype, self._target(req, itype, image.root_device_name)
+        return itype, self._target(req, itype, image)
 
-    def _target(self, req: RunInstancesRequest, itype: InstanceType, root_device: str
-                ) -> Target:
+    def _target(self, req: RunInstancesRequest, itype: InstanceType, image: Image) -> Target:
         """The subnet and network identity of a launch, and the zone placement must keep
         to. Without a subnet or a zone, EC2 picks a default subnet; roost picks the zone
         whose nodes last said they have the most room for the type, and keeps placement
@@ -169,7 +169,7 @@ class Ec2Service:
             placement_zone = zone if len(zones) > 1 else ""
         else:
             placement_zone = zone
-        subnet, network = self.net.resolve(req.network, zone, root_device)
+        subnet, network = self.net.resolve(req.network, zone, image)
         if req.network.subnet_id:
             placement_zone = subnet.availability_zone
         return Target(subnet, network, placement_zone)
