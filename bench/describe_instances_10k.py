@@ -32,6 +32,8 @@ for i in range(N):
         kw["network"] = s.InstanceNetwork(
             subnet_id="subnet-0123456789abcdef0", vpc_id="vpc-0123456789abcdef0",
             security_group_ids=["sg-0123456789abcdef0"], key_name="ops")
+    if "public_ip" in s.InstanceRecord.__struct_fields__:  # default subnets map them
+        kw["public_ip"] = f"198.18.{i // 250}.{i % 250 + 4}"
     recs.append(s.InstanceRecord(**kw))
 types = dict(BUILTIN.items())
 names = {"sg-0123456789abcdef0": "default"}

@@ -12,7 +12,9 @@ that does only what moto's server does beside EC2:
   create (key pairs, launch templates, volumes, security groups, subnets, VPCs);
 - STS ``GetCallerIdentity`` (the suite's ``account_id`` fixture) answers with the
   gateway's owner id: roost serves no STS;
-- moto's example AMI ids are mapped to roost's on the way in and back on the way out.
+- moto's example AMIs are registered with roost as an operator would register them
+  (RegisterImage with their root device, ``/dev/sda1``), and their ids are mapped to
+  the ids roost gave them on the way in and back on the way out.
 
 Every other byte of a request reaches the gateway as the test sent it. The shim re-signs
 requests (SigV4, the cluster's keys) because mapping an AMI id changes the signed body.
@@ -59,12 +61,31 @@ MOTO_ACCOUNT = "123456789012"
 """moto's default account id (``moto.core.DEFAULT_ACCOUNT_ID``): the cluster under test
 is configured with it as its owner id, as an operator names their account."""
 
-AMI_MAP: Mapping[str, str] = {
-    "ami-12c6146b": "ami-00000000000000001",  # EXAMPLE_AMI_ID -> roost-shell
-    "ami-03cf127a": "ami-00000000000000002",  # EXAMPLE_AMI_ID2 -> roost-python
+EXAMPLE_AMIS: Mapping[str, str] = {
+    "ami-12c6146b": "/dev/sda1",  # EXAMPLE_AMI_ID
+    "ami-03cf127a": "/dev/sda1",  # EXAMPLE_AMI_ID2
 }
-"""moto's example AMIs (``tests/__init__.py``) that have a counterpart in roost's image
-catalog. ``EXAMPLE_AMI_PARAVIRTUAL`` and ``EXAMPLE_AMI_WINDOWS`` have none."""
+"""moto's example AMIs (``tests/__init__.py``) and their root devices (moto's
+``ec2/resources/amis.json``). ``EXAMPLE_AMI_PARAVIRTUAL`` and ``EXAMPLE_AMI_WINDOWS``
+are not registered: no test that runs launches them."""
+
+
+def register_examples(target: Target, workdir: Path) -> dict[str, str]:
+    """Register moto's example AMIs with roost, each with its root device, as an
+    operator registers an image (RegisterImage takes a disk file on the nodes' host: a
+    small raw one here; the cluster's ``sim`` driver runs no disk). Returns moto's id
+    -> roost's."""
+    disk = workdir / "moto-example.raw"
+    disk.write_bytes(bytes(4096))
+    ec2 = target.client()
+    out: dict[str, str] = {}
+    for moto_id, root_device in EXAMPLE_AMIS.items():
+        name = f"moto-example-{moto_id}"
+        found = ec2.describe_images(Owners=["self"],
+                                    Filters=[{"Name": "name", "Values": [name]}])["Images"]
+        out[moto_id] = (found[0]["ImageId"] if found else ec2.register_image(
+            Name=name, ImageLocation=str(disk), RootDeviceName=root_device)["ImageId"])
+    return out
 
 
 def fetch_suite(workdir: Path) -> Path:
@@ -166,6 +187,7 @@ class _Shim(BaseHTTPRequestHandler):
     target: Target
     pool: urllib3.PoolManager
     errors: list[str]
+    amis: Mapping[str, str]  # moto's id -> roost's
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -201,7 +223,7 @@ class _Shim(BaseHTTPRequestHandler):
             xml = _STS_IDENTITY.format(account=self.target.owner_id, key=self.target.key)
             self._answer(200, xml.encode(), {"Content-Type": "text/xml"})
             return
-        body = _swap(body, AMI_MAP)
+        body = _swap(body, self.amis)
         url = self.target.endpoint + self.path
         headers = {k: v for k, v in self.headers.items()
                    if k.lower() in ("content-type", "user-agent")}
@@ -210,15 +232,18 @@ class _Shim(BaseHTTPRequestHandler):
                   self.target.region).add_auth(request)
         reply = self.pool.request(self.command, url, body=body,
                                   headers=dict(request.headers.items()), retries=False)
-        back = {v: k for k, v in AMI_MAP.items()}
+        back = {v: k for k, v in self.amis.items()}
         self._answer(reply.status, _swap(reply.data, back), dict(reply.headers))
 
 
 @contextmanager
-def shim(target: Target) -> Iterator[tuple[str, list[str]]]:
-    """A loopback shim in front of ``target``: its URL, and the errors its resets met."""
+def shim(target: Target, workdir: Path) -> Iterator[tuple[str, list[str]]]:
+    """A loopback shim in front of ``target``: its URL, and the errors its resets met.
+    moto's example AMIs are registered first (`register_examples`, files in
+    ``workdir``)."""
     errors: list[str] = []
     handler = type("Shim", (_Shim,), {"target": target, "errors": errors,
+                                      "amis": register_examples(target, workdir),
                                       "pool": urllib3.PoolManager(maxsize=8)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -50,7 +50,7 @@ def test_moto_instances_conformance(moto_suite: Path, us_east_1: ThreadedCluster
     c = us_east_1
     target = moto_peer.Target(c.endpoint, c.spec.region, c.key, c.secret,
                               moto_peer.MOTO_ACCOUNT)
-    with moto_peer.shim(target) as (endpoint, reset_errors):
+    with moto_peer.shim(target, c.spec.data_dir) as (endpoint, reset_errors):
         outcome = moto_peer.run_suite(moto_suite, endpoint, target)
     print("moto test_instances.py:", moto_peer.summary(outcome))
     for name, why in outcome.failed.items():

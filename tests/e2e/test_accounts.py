@@ -81,6 +81,7 @@ ABOUT: dict[str, list[dict[str, str]]] = {
     "DescribeSubnets": [{"SubnetId.1": "{subnet}"},
                         {"Filter.1.Name": "vpc-id", "Filter.1.Value.1": "{vpc}"}],
     "DeleteSubnet": [{"SubnetId": "{subnet}"}],
+    "ModifySubnetAttribute": [{"SubnetId": "{subnet}", "MapPublicIpOnLaunch.Value": "true"}],
     "CreateSecurityGroup": [{"GroupName": "b-web", "GroupDescription": "x", "VpcId": "{vpc}"}],
     "DescribeSecurityGroups": [{"GroupId.1": "{sg}"},
                                {"Filter.1.Name": "vpc-id", "Filter.1.Value.1": "{vpc}"}],

@@ -206,11 +206,17 @@ def test_metadata_options_at_launch_and_after(ec2: Any) -> None:
     iid = inst["InstanceId"]
     assert inst["MetadataOptions"]["HttpTokens"] == "required"
     assert inst["MetadataOptions"]["InstanceMetadataTags"] == "enabled"
-    out = ec2.modify_instance_metadata_options(InstanceId=iid, HttpEndpoint="disabled")
+    assert inst["MetadataOptions"]["HttpProtocolIpv6"] == "disabled"
+    out = ec2.modify_instance_metadata_options(InstanceId=iid, HttpEndpoint="disabled",
+                                               HttpProtocolIpv6="enabled")
     assert out["InstanceMetadataOptions"]["HttpEndpoint"] == "disabled"
     assert out["InstanceMetadataOptions"]["HttpTokens"] == "required"  # kept
     described = wait_state(ec2, iid, "running")
     assert described["MetadataOptions"]["HttpEndpoint"] == "disabled"
+    assert described["MetadataOptions"]["HttpProtocolIpv6"] == "enabled"
+    with pytest.raises(ClientError) as bad:
+        ec2.modify_instance_metadata_options(InstanceId=iid, HttpProtocolIpv6="on")
+    assert code(bad) == "InvalidParameterValue"
 
 
 @pytest.mark.parametrize("kw", [

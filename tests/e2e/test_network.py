@@ -406,3 +406,172 @@ def test_tags_on_vpcs_subnets_and_groups(ec2: Any) -> None:
     ec2.delete_security_group(GroupId=group)
     ec2.delete_subnet(SubnetId=subnet)
     ec2.delete_vpc(VpcId=vpc)
+
+
+def test_public_ipv4_addresses(ec2: Any) -> None:
+    """Default subnets map public addresses on launch, new subnets do not until
+    ModifySubnetAttribute says so; AssociatePublicIpAddress overrides either. The
+    address is recorded (from the pool, 198.18.0.0/15 by default), not routed."""
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.1.0/24")["Subnet"]
+    assert sub["MapPublicIpOnLaunch"] is False
+    (default,) = ec2.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    assert default["MapPublicIpOnLaunch"] is True
+    (on_default,) = run(ec2)
+    ip = on_default["PublicIpAddress"]
+    assert ipaddress.IPv4Address(ip) in ipaddress.IPv4Network("198.18.0.0/15")
+    assert ip.replace(".", "-") in on_default["PublicDnsName"]
+    nic = on_default["NetworkInterfaces"][0]
+    assert nic["Association"] == {"PublicIp": ip, "PublicDnsName": on_default["PublicDnsName"],
+                                  "IpOwnerId": "amazon"}
+    (private,) = run(ec2, SubnetId=sub["SubnetId"])
+    assert "PublicIpAddress" not in private and private["PublicDnsName"] == ""
+    ec2.modify_subnet_attribute(SubnetId=sub["SubnetId"], MapPublicIpOnLaunch={"Value": True})
+    (mapped,) = ec2.describe_subnets(SubnetIds=[sub["SubnetId"]])["Subnets"]
+    assert mapped["MapPublicIpOnLaunch"] is True
+    (public,) = run(ec2, SubnetId=sub["SubnetId"])
+    (opted_out,) = run(ec2, NetworkInterfaces=[{"DeviceIndex": 0, "SubnetId": sub["SubnetId"],
+                                                "AssociatePublicIpAddress": False}])
+    assert public["PublicIpAddress"] not in (ip, None) and "PublicIpAddress" not in opted_out
+    found = ec2.describe_instances(Filters=[{"Name": "ip-address", "Values": [ip]}])
+    assert [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]] == [
+        on_default["InstanceId"]]
+    found = ec2.describe_instances(
+        Filters=[{"Name": "dns-name", "Values": [public["PublicDnsName"]]}])
+    assert [i["InstanceId"] for r in found["Reservations"] for i in r["Instances"]] == [
+        public["InstanceId"]]
+    fails("InvalidSubnetID.NotFound", ec2.modify_subnet_attribute,
+          SubnetId="subnet-0123456789abcdef0", MapPublicIpOnLaunch={"Value": True})
+    fails("InvalidParameterValue", ec2.modify_subnet_attribute, SubnetId=sub["SubnetId"],
+          EnableDns64={"Value": True})
+    fails("MissingParameter", ec2.modify_subnet_attribute, SubnetId=sub["SubnetId"])
+    # Stopped, it has none (EC2 gives it back); started again, it gets one anew.
+    ec2.stop_instances(InstanceIds=[public["InstanceId"]])
+    stopped = wait_state(ec2, public["InstanceId"], "stopped", timeout=30)
+    assert "PublicIpAddress" not in stopped and stopped["PublicDnsName"] == ""
+    ec2.start_instances(InstanceIds=[public["InstanceId"]])
+    started = wait_state(ec2, public["InstanceId"], "running", timeout=30)
+    assert ipaddress.IPv4Address(started["PublicIpAddress"]) in ipaddress.IPv4Network(
+        "198.18.0.0/15")
+    assert started["NetworkInterfaces"][0]["Association"]["PublicIp"] == started[
+        "PublicIpAddress"]
+    # Terminated, it shows no address (its claim in the pool is released).
+    ids = [i["InstanceId"] for i in (on_default, private, public, opted_out)]
+    ec2.terminate_instances(InstanceIds=ids)
+    gone = wait_state(ec2, on_default["InstanceId"], "terminated", timeout=30)
+    assert "PublicIpAddress" not in gone
+    for iid in ids[1:]:
+        wait_state(ec2, iid, "terminated", timeout=30)
+    ec2.delete_subnet(SubnetId=sub["SubnetId"])
+    ec2.delete_vpc(VpcId=vpc)
+
+
+def test_root_device_is_the_images(ec2: Any, tmp_path: Any) -> None:
+    """An image registered with RootDeviceName: its instances' root volume is at that
+    device, which the launch's mapping for it sizes; ModifyInstanceAttribute
+    BlockDeviceMapping changes DeleteOnTermination, and termination keeps what it says."""
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(bytes(4096))
+    ami = ec2.register_image(Name="sda-root", ImageLocation=str(disk),
+                             RootDeviceName="/dev/sda1")["ImageId"]
+    (image,) = ec2.describe_images(ImageIds=[ami])["Images"]
+    assert image["RootDeviceName"] == "/dev/sda1"
+    (mapping,) = image["BlockDeviceMappings"]
+    assert mapping["DeviceName"] == "/dev/sda1" and mapping["Ebs"]["VolumeSize"] == 8
+    fails("InvalidParameterValue", ec2.register_image, Name="bad-root",
+          ImageLocation=str(disk), RootDeviceName="sda1")
+    (inst,) = ec2.run_instances(
+        ImageId=ami, InstanceType="t3.micro", MinCount=1, MaxCount=1,
+        BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 20}}])["Instances"]
+    iid = inst["InstanceId"]
+    assert inst["RootDeviceName"] == "/dev/sda1"
+    assert [(m["DeviceName"], m["Ebs"]["DeleteOnTermination"])
+            for m in inst["BlockDeviceMappings"]] == [("/dev/sda1", True)]
+    (vol,) = ec2.describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [iid]}])["Volumes"]
+    assert vol["Size"] == 20 and vol["Attachments"][0]["Device"] == "/dev/sda1"
+    assert vol["SnapshotId"] == mapping["Ebs"]["SnapshotId"]
+    attr = ec2.describe_instance_attribute(InstanceId=iid, Attribute="rootDeviceName")
+    assert attr["RootDeviceName"]["Value"] == "/dev/sda1"
+    ec2.modify_instance_attribute(InstanceId=iid, BlockDeviceMappings=[
+        {"DeviceName": "/dev/sda1", "Ebs": {"DeleteOnTermination": False}}])
+    described = wait_state(ec2, iid, "running")
+    assert described["BlockDeviceMappings"][0]["Ebs"]["DeleteOnTermination"] is False
+    fails("InvalidParameterValue", ec2.modify_instance_attribute, InstanceId=iid,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda",
+                                "Ebs": {"DeleteOnTermination": False}}])
+    ec2.terminate_instances(InstanceIds=[iid])
+    wait_state(ec2, iid, "terminated", timeout=30)
+    (kept,) = ec2.describe_volumes(VolumeIds=[vol["VolumeId"]])["Volumes"]
+    assert kept["State"] == "available"
+    ec2.delete_volume(VolumeId=vol["VolumeId"])
+    ec2.deregister_image(ImageId=ami)
+
+
+def test_ipv6_blocks_and_addresses(ec2: Any) -> None:
+    """AmazonProvidedIpv6CidrBlock gives a VPC a /56 of 2001:db8::/32 (recorded, not
+    routed), a subnet takes a /64 of it, and Ipv6AddressCount gives instances addresses
+    of the subnet's /64."""
+    vpc = ec2.create_vpc(CidrBlock="10.50.0.0/16", AmazonProvidedIpv6CidrBlock=True)["Vpc"]
+    (assoc,) = vpc["Ipv6CidrBlockAssociationSet"]
+    block = ipaddress.IPv6Network(assoc["Ipv6CidrBlock"])
+    assert block.prefixlen == 56 and block.subnet_of(ipaddress.IPv6Network("2001:db8::/32"))
+    assert assoc["Ipv6CidrBlockState"]["State"] == "associated"
+    other = ec2.create_vpc(CidrBlock="10.51.0.0/16", AmazonProvidedIpv6CidrBlock=True)["Vpc"]
+    assert other["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"] != str(block)
+    plain = ec2.create_vpc(CidrBlock="10.52.0.0/16")["Vpc"]
+    assert plain["Ipv6CidrBlockAssociationSet"] == []
+    sixty_four = str(next(block.subnets(new_prefix=64)))
+    sub = ec2.create_subnet(VpcId=vpc["VpcId"], CidrBlock="10.50.0.0/24",
+                            Ipv6CidrBlock=sixty_four)["Subnet"]
+    assert sub["Ipv6CidrBlockAssociationSet"][0]["Ipv6CidrBlock"] == sixty_four
+    fails("InvalidSubnet.Conflict", ec2.create_subnet, VpcId=vpc["VpcId"],
+          CidrBlock="10.50.1.0/24", Ipv6CidrBlock=sixty_four)
+    fails("InvalidSubnet.Range", ec2.create_subnet, VpcId=vpc["VpcId"],
+          CidrBlock="10.50.2.0/24", Ipv6CidrBlock=str(block))  # a /56, not a /64
+    fails("InvalidSubnet.Range", ec2.create_subnet, VpcId=plain["VpcId"],
+          CidrBlock="10.52.0.0/24", Ipv6CidrBlock=sixty_four)
+    insts = run(ec2, 2, SubnetId=sub["SubnetId"], Ipv6AddressCount=2)
+    addresses = [a["Ipv6Address"] for i in insts for a in i["NetworkInterfaces"][0][
+        "Ipv6Addresses"]]
+    assert len(set(addresses)) == 4
+    assert all(ipaddress.IPv6Address(a) in ipaddress.IPv6Network(sixty_four) for a in addresses)
+    assert insts[0]["Ipv6Address"] == addresses[0]
+    fails("InvalidParameterValue", run, ec2, Ipv6AddressCount=1)  # the default subnet has none
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in insts])
+    for i in insts:
+        wait_state(ec2, i["InstanceId"], "terminated", timeout=30)
+    ec2.delete_subnet(SubnetId=sub["SubnetId"])
+    for v in (vpc, other, plain):
+        ec2.delete_vpc(VpcId=v["VpcId"])
+
+
+def test_an_images_root_mapping_is_its_instances_default(ec2: Any, tmp_path: Any) -> None:
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(bytes(4096))
+    root = {"DeviceName": "/dev/xvda",
+            "Ebs": {"VolumeSize": 30, "VolumeType": "gp3", "DeleteOnTermination": False}}
+    ami = ec2.register_image(Name="big-root", ImageLocation=str(disk),
+                             BlockDeviceMappings=[root])["ImageId"]
+    (mapping,) = ec2.describe_images(ImageIds=[ami])["Images"][0]["BlockDeviceMappings"]
+    assert (mapping["Ebs"]["VolumeSize"], mapping["Ebs"]["VolumeType"],
+            mapping["Ebs"]["DeleteOnTermination"]) == (30, "gp3", False)
+    for bad in ({"DeviceName": "/dev/sdf", "Ebs": {"VolumeSize": 10}},
+                {"DeviceName": "/dev/xvda", "Ebs": {"SnapshotId": "snap-0123456789abcdef0"}},
+                {"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 4}}):
+        fails("InvalidParameterValue", ec2.register_image, Name="bad-map",
+              ImageLocation=str(disk), BlockDeviceMappings=[bad])
+    (inst,) = ec2.run_instances(ImageId=ami, InstanceType="t3.micro", MinCount=1,
+                                MaxCount=1)["Instances"]
+    assert inst["BlockDeviceMappings"][0]["Ebs"]["DeleteOnTermination"] is False
+    (vol,) = ec2.describe_volumes(Filters=[
+        {"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}])["Volumes"]
+    assert (vol["Size"], vol["VolumeType"]) == (30, "gp3")
+    fails("InvalidBlockDeviceMapping", ec2.run_instances, ImageId=ami, InstanceType="t3.micro",
+          MinCount=1, MaxCount=1,
+          BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {"VolumeSize": 20}}])
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+    wait_state(ec2, inst["InstanceId"], "terminated", timeout=30)
+    ec2.delete_volume(VolumeId=vol["VolumeId"])  # kept: the image said so
+    ec2.deregister_image(ImageId=ami)

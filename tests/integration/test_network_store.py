@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
@@ -15,7 +16,7 @@ from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import key_value
 from roost.domain.errors import InvalidIPAddressInUse
-from roost.domain.network import SecurityGroup
+from roost.domain.network import PUBLIC_POOL_ID, SecurityGroup
 from roost.embedded import NatsServer
 from roost.gateway.network import ORPHAN_AFTER, NetworkStore
 
@@ -66,23 +67,49 @@ async def test_release_is_by_revision(stores: tuple[NetworkStore, NetworkStore])
     assert again == ip and a.addresses_in_use(subnet.subnet_id) == 1
 
 
-async def test_terminated_instance_gives_its_address_back(
+async def test_terminated_instance_gives_its_addresses_back(
         stores: tuple[NetworkStore, NetworkStore]) -> None:
     a, b = stores
     subnet = a.default_subnet_for("roost-1a")
     ip = await a.allocate(subnet, "r-1-0")
+    public = await a.allocate(a.public_pool, "r-1-0")
     await asyncio.sleep(0.2)
     rec = s.InstanceRecord(instance_id="i-0123456789abcdef0", node_id="n1",
                            instance_type="t3.micro", image_id="ami-00000000000000001",
-                           state="terminated", launch_id="r-1-0", reservation_id="r-1",
+                           state="running", launch_id="r-1-0", reservation_id="r-1",
                            launch_time="2026-01-01T00:00:00Z", availability_zone="roost-1a",
-                           private_ip=ip, network=s.InstanceNetwork(subnet_id=subnet.subnet_id))
-    b.instance_gone(rec)  # another gateway saw it terminate
+                           private_ip=ip, public_ip=public,
+                           network=s.InstanceNetwork(subnet_id=subnet.subnet_id))
+    # A live instance's addresses, public one included, are not orphans to the sweep.
+    assert await a.sweep([rec], now=time.time() + ORPHAN_AFTER + 1) == 0
+    b.instance_gone(msgspec.structs.replace(rec, state="terminated"))  # seen by another
     for _ in range(50):
-        if a.addresses_in_use(subnet.subnet_id) == 0:
+        if a.addresses_in_use(subnet.subnet_id) + a.addresses_in_use(PUBLIC_POOL_ID) == 0:
             break
         await asyncio.sleep(0.05)
     assert a.addresses_in_use(subnet.subnet_id) == 0
+    assert a.addresses_in_use(PUBLIC_POOL_ID) == 0
+
+
+async def test_a_stopped_instance_gives_its_public_address_back(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    a, b = stores
+    old = await a.allocate(a.public_pool, "r-2-0")
+    new = await a.allocate(a.public_pool, "r-2-0")  # started again: a new one
+    await asyncio.sleep(0.2)
+    rec = s.InstanceRecord(instance_id="i-0123456789abcdef1", node_id="n1",
+                           instance_type="t3.micro", image_id="ami-00000000000000001",
+                           state="running", launch_id="r-2-0", reservation_id="r-2",
+                           launch_time="2026-01-01T00:00:00Z", availability_zone="roost-1a",
+                           public_ip=old)
+    b.public_dropped(rec)  # another gateway saw the node clear it on stop
+    for _ in range(50):
+        if a.addresses_in_use(PUBLIC_POOL_ID) == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert a.addresses_in_use(PUBLIC_POOL_ID) == 1
+    assert await b.allocate(b.public_pool, "r-3-0", old) == old  # free again
+    assert new != old
 
 
 async def test_sweep_frees_addresses_no_instance_holds(

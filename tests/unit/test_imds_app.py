@@ -99,13 +99,18 @@ async def test_values(world: World) -> None:
 
 async def test_optional_items_appear_only_when_known(world: World) -> None:
     md = "/latest/meta-data/"
-    for path in ("local-ipv4", "security-groups", "public-keys/", "tags/"):
+    for path in ("local-ipv4", "public-ipv4", "public-hostname", "security-groups",
+                 "public-keys/", "tags/"):
         assert (await world.get(md + path)).status_code == 404
     world.set(local_ipv4="10.0.0.5", security_groups=["default", "web"],
+              public_ipv4="198.18.0.9", public_hostname="ec2-198-18-0-9.roost.public",
               public_keys={"alice": "ssh-ed25519 AAAA alice", "bob": "ssh-rsa BBBB bob"})
     top = (await text(world, md)).split("\n")
-    assert {"local-ipv4", "security-groups", "public-keys/"} <= set(top)
+    assert {"local-ipv4", "public-ipv4", "public-hostname", "security-groups",
+            "public-keys/"} <= set(top)
     assert await text(world, md + "local-ipv4") == "10.0.0.5"
+    assert await text(world, md + "public-ipv4") == "198.18.0.9"
+    assert await text(world, md + "public-hostname") == "ec2-198-18-0-9.roost.public"
     assert await text(world, md + "security-groups") == "default\nweb"
     assert await text(world, md + "public-keys/") == "0=alice\n1=bob"
     assert await text(world, md + "public-keys/1/") == "openssh-key"

@@ -13,7 +13,7 @@ from typing import Literal, TypeVar
 import msgspec
 
 from roost.domain.images import Image
-from roost.domain.volumes import LaunchVolume
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE, LaunchVolume
 
 SCHEMA_VERSION = 1
 
@@ -55,6 +55,9 @@ class LaunchRequest(Msg):
     """Protection, shutdown behaviour and metadata options; None means EC2's defaults."""
     private_ip: str = ""
     """The address the gateway allocated (`roost_addresses`); the node copies it."""
+    public_ip: str = ""
+    """The public IPv4 address the gateway allocated from its pool, if any (recorded,
+    not routed); the node copies it."""
     network: InstanceNetwork | None = None
     """Subnet, VPC, groups, key and root volume the gateway chose; the node copies it
     into the record and enforces none of it."""
@@ -71,6 +74,8 @@ class InstanceOptions(Msg):
     http_endpoint: Literal["enabled", "disabled"] = "enabled"
     http_put_response_hop_limit: int = 1
     instance_metadata_tags: Literal["enabled", "disabled"] = "disabled"
+    http_protocol_ipv6: Literal["enabled", "disabled"] = "disabled"
+    """Recorded only: a node's IMDS answers on IPv4 (docs/gateway.md)."""
 
 
 class InstanceNetwork(Msg):
@@ -84,6 +89,7 @@ class InstanceNetwork(Msg):
     public_key: str = ""
     """The key pair's public half (OpenSSH), which the node serves at IMDS
     ``public-keys/0/openssh-key``: a key pair deleted later still works, as on EC2."""
+    root_device_name: str = DEFAULT_ROOT_DEVICE  # the image's
     root_volume_size: int = 8  # GiB
     root_volume_type: str = "gp2"
     root_volume_iops: int | None = None
@@ -100,6 +106,11 @@ class InstanceNetwork(Msg):
     source_dest_check: bool = True
     hibernation: bool = False
     """HibernationOptions.Configured: recorded; roost instances stop, never hibernate."""
+    ipv6_addresses: list[str] = []
+    """Of the subnet's /64 (Ipv6AddressCount; `roost.domain.network.ipv6_addresses`)."""
+    associate_public_ip: bool = False
+    """Whether the instance has a public IPv4 address (the launch's
+    AssociatePublicIpAddress, else its subnet's MapPublicIpOnLaunch)."""
 
 
 class InstanceRecord(Msg):
@@ -118,6 +129,9 @@ class InstanceRecord(Msg):
     state_reason: str = ""
     state_transition_reason: str = ""
     private_ip: str = ""
+    public_ip: str = ""
+    """From the public IPv4 pool; cleared by the node when the instance stops (the
+    gateways then free the claim), a new one given at the next start."""
     client_token: str = ""
     owner_id: str = ""
     ami_launch_index: int = 0
@@ -130,6 +144,12 @@ class InstanceRecord(Msg):
     @property
     def net(self) -> InstanceNetwork:
         return self.network or DEFAULT_NETWORK
+
+    @property
+    def shown_public_ip(self) -> str:
+        """The public IPv4 address EC2 shows: none once the instance is stopped or
+        terminated (its claim may outlive that by a sweep's period)."""
+        return self.public_ip if self.state in ("pending", "running", "shutting-down") else ""
 
     @property
     def opts(self) -> InstanceOptions:
@@ -150,6 +170,9 @@ class InstanceCommand(Msg):
     instance_id: str
     force: bool = False
     changes: InstanceChanges | None = None  # op "modify" only
+    public_ip: str = ""
+    """Op "start" only: the public IPv4 address the gateway claimed for the instance
+    (EC2 gives a stopped instance's address back and assigns a new one on start)."""
 
 
 class InstanceChanges(Msg):

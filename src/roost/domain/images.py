@@ -25,6 +25,7 @@ from roost.domain.errors import (
     InvalidAMINameMalformed,
     InvalidParameterValue,
 )
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE
 
 DiskFormat = str  # "raw" or "qcow2"
 DISK_FORMATS = ("raw", "qcow2")
@@ -48,6 +49,14 @@ class Image:
     created: str = ""  # ISO 8601 UTC
     architecture: str = "x86_64"
     tags: tuple[tuple[str, str], ...] = field(default=())
+    root_device_name: str = DEFAULT_ROOT_DEVICE
+    """Where instances of the image have their root volume (RegisterImage's
+    ``RootDeviceName``)."""
+    root_volume_size: int = 8  # GiB: EC2's default root size, and roost's images'
+    root_volume_type: str = "gp2"
+    root_delete_on_termination: bool = True
+    """The root volume a launch gets unless its own mapping for the root device says
+    otherwise (RegisterImage's BlockDeviceMapping for it)."""
 
     @property
     def bootable(self) -> bool:

@@ -54,6 +54,8 @@ class Vpc(msgspec.Struct, frozen=True, tag="vpc"):
     is_default: bool = False
     tags: dict[str, str] = {}
     tenancy: str = "default"
+    ipv6_cidr: str = ""
+    """The /56 CreateVpc's AmazonProvidedIpv6CidrBlock gave it (`IPV6_POOL`)."""
 
 
 class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
@@ -64,6 +66,11 @@ class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
     owner_id: str
     default_for_az: bool = False
     tags: dict[str, str] = {}
+    map_public_ip_on_launch: bool = False
+    """Whether instances launched into it get a public IPv4 address (true for default
+    subnets, as on EC2; `ModifySubnetAttribute` changes it)."""
+    ipv6_cidr: str = ""
+    """A /64 of its VPC's IPv6 block (CreateSubnet's Ipv6CidrBlock), or none."""
 
     @property
     def network(self) -> ipaddress.IPv4Network:
@@ -128,7 +135,7 @@ def zone_slot(region: str, zone: str) -> int:
 def default_subnet(vpc: Vpc, region: str, zone: str) -> Subnet:
     base = ipaddress.IPv4Network(vpc.cidr).network_address + zone_slot(region, zone) * 4096
     return Subnet(derived_id("subnet", vpc.vpc_id, zone), vpc.vpc_id, f"{base}/20", zone,
-                  vpc.owner_id, default_for_az=True)
+                  vpc.owner_id, default_for_az=True, map_public_ip_on_launch=True)
 
 
 def check_block(cidr: str, *, low: int = 16, high: int = 28) -> ipaddress.IPv4Network | None:
@@ -168,6 +175,68 @@ def usable(subnet: Subnet, ip: str) -> bool:
     net = subnet.network
     return (addr in net and int(addr) - int(net.network_address) >= RESERVED_LOW
             and addr != net.broadcast_address)
+
+
+PUBLIC_IPV4_POOL = "198.18.0.0/15"
+"""Where roost's public IPv4 addresses come from unless the gateway is configured with
+another pool: RFC 2544's benchmarking block, which the internet does not route. The
+addresses are recorded, not routed (docs/gateway.md)."""
+PUBLIC_POOL_ID = "public-ipv4"
+"""The pool's name in the address bucket, beside the subnets' (it is one, to the
+allocator: a block whose addresses are claimed once each)."""
+
+
+def public_pool_subnet(cidr: str) -> Subnet:
+    """The public IPv4 pool as the address allocator sees it."""
+    return Subnet(PUBLIC_POOL_ID, "", cidr, "", "")
+
+
+IPV6_POOL = ipaddress.IPv6Network("2001:db8::/32")
+"""Where VPCs' IPv6 blocks come from: RFC 3849's documentation prefix, which nothing
+routes. Recorded, not routed (docs/gateway.md)."""
+IPV6_BLOCKS = 1 << (56 - 32)
+
+
+def ipv6_block(vpc_id: str, attempt: int) -> tuple[int, str]:
+    """The ``attempt``-th candidate /56 for ``vpc_id`` (its number in the pool, and the
+    block): spread by a hash, claimed with compare-and-set by the caller."""
+    digest = hashlib.sha256(f"{vpc_id}/{attempt}".encode()).digest()
+    n = int.from_bytes(digest[:8], "big") % IPV6_BLOCKS
+    base = int(IPV6_POOL.network_address) + (n << (128 - 56))
+    return n, str(ipaddress.IPv6Network((base, 56)))
+
+
+def check_ipv6_subnet(cidr: str, vpc_block: str) -> ipaddress.IPv6Network | None:
+    """``cidr`` as a /64 inside ``vpc_block`` (EC2's only size for a subnet), else None."""
+    try:
+        net = ipaddress.IPv6Network(cidr, strict=True)
+    except ValueError:
+        return None
+    if not vpc_block or net.prefixlen != 64 or not net.subnet_of(
+            ipaddress.IPv6Network(vpc_block)):
+        return None
+    return net
+
+
+def ipv6_addresses(subnet_cidr: str, launch_id: str, count: int) -> list[str]:
+    """``count`` addresses of a /64 for one launch: derived from its launch id (2^64
+    addresses a subnet, so two launches meet with odds far below any hardware fault's),
+    never the four lowest or the highest, which EC2 reserves."""
+    net = ipaddress.IPv6Network(subnet_cidr)
+    out: list[str] = []
+    k = 0
+    while len(out) < count:
+        digest = hashlib.sha256(f"{launch_id}/{k}".encode()).digest()
+        suffix = int.from_bytes(digest[:8], "big")
+        k += 1
+        if RESERVED_LOW <= suffix < (1 << 64) - 1:
+            out.append(str(net.network_address + suffix))
+    return out
+
+
+def public_dns_name(ip: str) -> str:
+    """EC2's form for public names (``ec2-198-18-0-5.<domain>``) under roost's domain."""
+    return f"ec2-{ip.replace('.', '-')}.roost.public" if ip else ""
 
 
 def private_dns_name(ip: str) -> str:

@@ -72,6 +72,11 @@ def launch_volume_id(instance_id: str, device: str) -> str:
     return derived_id("vol", instance_id, device)
 
 
+DEFAULT_ROOT_DEVICE = "/dev/xvda"
+"""The root device of roost's built-in images, and of a registered image that names
+none (EC2's images each name theirs: ``RootDeviceName``)."""
+
+
 def valid_device(name: str) -> bool:
     return bool(_DEVICE.fullmatch(name))
 

@@ -19,9 +19,8 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import InvalidPaginationToken, InvalidParameterValue
 from roost.domain.lifecycle import InstanceState
-from roost.domain.network import private_dns_name
+from roost.domain.network import private_dns_name, public_dns_name
 from roost.gateway.model import InstanceStatusRow, Paged, TagRow
-from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.requests import Filter, Page
 from roost.gateway.xml import timestamp
 
@@ -142,6 +141,15 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "instance.group-id": lambda r: r.net.security_group_ids,
     "group-id": lambda r: r.net.security_group_ids,
     "private-dns-name": lambda r: [private_dns_name(r.private_ip)] if r.private_ip else [],
+    "ip-address": lambda r: _public(r, r.shown_public_ip),
+    "dns-name": lambda r: _public(r, public_dns_name(r.shown_public_ip)),
+    "network-interface.association.public-ip": lambda r: _public(r, r.shown_public_ip),
+    "network-interface.addresses.association.public-ip": lambda r: _public(
+        r, r.shown_public_ip),
+    "network-interface.association.ip-owner-id": lambda r: _public(r, "amazon"),
+    "ipv6-address": lambda r: r.net.ipv6_addresses if r.state != "terminated" else [],
+    "network-interface.ipv6-addresses.ipv6-address": lambda r: (
+        r.net.ipv6_addresses if r.state != "terminated" else []),
     "launch-time": lambda r: [timestamp(r.launch_time)],
     "architecture": lambda r: ["x86_64"],
     "source-dest-check": lambda r: [str(r.net.source_dest_check).lower()],
@@ -150,7 +158,7 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "platform-details": lambda r: ["Linux/UNIX"],
     "platform": lambda r: [],  # Linux instances have none (EC2: "windows" or absent)
     "root-device-type": lambda r: ["ebs"],
-    "root-device-name": lambda r: [ROOT_DEVICE],
+    "root-device-name": lambda r: [r.net.root_device_name],
     "virtualization-type": lambda r: ["hvm"],
     "hypervisor": lambda r: ["xen"],
     "state-reason-code": lambda r: [r.state_reason] if r.state_reason else [],
@@ -169,7 +177,7 @@ INSTANCE_FIELDS: dict[str, Field[InstanceRecord]] = {
     "network-interface.attachment.status": lambda r: _nic(r, "attached"),
     "network-interface.group-id": lambda r: r.net.security_group_ids if r.network else [],
     "network-interface.owner-id": lambda r: _nic(r, r.owner_id),
-    "block-device-mapping.device-name": lambda r: _root(r, ROOT_DEVICE),
+    "block-device-mapping.device-name": lambda r: _root(r, r.net.root_device_name),
     "block-device-mapping.volume-id": lambda r: _root(r, "vol-" + r.instance_id[2:]),
     "block-device-mapping.status": lambda r: _root(r, "attached"),
     "block-device-mapping.attach-time": lambda r: _root(r, timestamp(r.launch_time)),
@@ -182,6 +190,10 @@ def _nic(rec: InstanceRecord, value: str) -> list[str]:
     """A field of the primary network interface, which live instances with an address
     have."""
     return [value] if rec.network and rec.private_ip and rec.state != "terminated" else []
+
+
+def _public(rec: InstanceRecord, value: str) -> list[str]:
+    return [value] if rec.shown_public_ip else []
 
 
 def _root(rec: InstanceRecord, value: str) -> list[str]:

@@ -26,16 +26,16 @@ from roost.domain.images import (
     disk_format,
     is_kernel,
 )
+from roost.domain.volumes import DEFAULT_ROOT_DEVICE, VOLUME_TYPES, size_error, valid_device
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
 from roost.gateway.describe import Field, apply_filters
 from roost.gateway.images import ImageStore, now
-from roost.gateway.netrequests import resource_tags
+from roost.gateway.netrequests import IMAGE_ROOT_GIB, resource_tags
 from roost.gateway.query import Params
-from roost.gateway.render import ROOT_DEVICE
 from roost.gateway.service import DRY_RUN
 from roost.gateway.tenancy import account
-from roost.gateway.xml import Fragment, items, response, text, timestamp
+from roost.gateway.xml import Fragment, items, node, response, text, timestamp
 
 # -- RegisterImage: what a well-formed call is ----------------------------------------
 
@@ -64,10 +64,11 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
     if arch != "x86_64":
         raise InvalidParameterValue(f"Value ({arch[:40]}) for parameter architecture is "
                                     "invalid. roost's nodes run x86_64 only.")
-    if p.has("BlockDeviceMapping") or p.get("RootDeviceName") not in (None, ROOT_DEVICE):
-        raise InvalidParameterValue(
-            "roost registers images from files, not snapshots: give ImageLocation (a raw "
-            "or qcow2 disk image) or KernelId (and RamdiskId) as paths on the nodes.")
+    root_device = p.get("RootDeviceName") or DEFAULT_ROOT_DEVICE
+    if not valid_device(root_device):
+        raise InvalidParameterValue(f"Value ({root_device[:80]}) for parameter "
+                                    "rootDeviceName is invalid.")
+    root = _root_volume(p, root_device)
     location, kernel, initrd = p.get("ImageLocation"), p.get("KernelId"), p.get("RamdiskId")
     if location and kernel:
         raise InvalidParameterValue("Give ImageLocation (a disk image) or KernelId (a "
@@ -80,7 +81,9 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
         raise InvalidParameterValue("RamdiskId needs a KernelId.")
     image = Image("", name, p.get("Description") or "", "sh", registered=True,
                   owner_id=owner_id, created=now(), architecture=arch,
-                  tags=resource_tags(p, "image"))
+                  tags=resource_tags(p, "image"), root_device_name=root_device,
+                  root_volume_size=root[0], root_volume_type=root[1],
+                  root_delete_on_termination=root[2])
     if location:
         head = _head(check_path(location, "ImageLocation"), "ImageLocation")
         image = replace(image, disk=location, disk_format=disk_format(head))
@@ -93,6 +96,31 @@ def parse_register_image(p: Params, owner_id: str) -> tuple[Image, bool]:
             _head(check_path(initrd, "RamdiskId"), "RamdiskId")
         image = replace(image, kernel=kernel, initrd=initrd or "")
     return image, p.flag("DryRun")
+
+
+def _root_volume(p: Params, root_device: str) -> tuple[int, str, bool]:
+    """BlockDeviceMapping.N of RegisterImage: roost's images map their root device only
+    (size, type, DeleteOnTermination of their instances' root volume); the disk is the
+    image's file, so a snapshot is refused."""
+    size, vtype, delete = IMAGE_ROOT_GIB, "gp2", True
+    for m in p.members("BlockDeviceMapping"):
+        if m.get("DeviceName") != root_device or m.has("Ebs.SnapshotId") or not m.has("Ebs"):
+            raise InvalidParameterValue(
+                "roost registers images from files, not snapshots: a BlockDeviceMapping "
+                f"may only size the root device ({root_device[:80]}) with Ebs.VolumeSize, "
+                "VolumeType and DeleteOnTermination.")
+        size = m.integer("Ebs.VolumeSize") or size
+        vtype = m.get("Ebs.VolumeType") or vtype
+        if vtype not in VOLUME_TYPES:
+            raise InvalidParameterValue(f"Value ({vtype[:80]}) for parameter volumeType is "
+                                        f"invalid. Valid values: {', '.join(VOLUME_TYPES)}.")
+        why = (f"at least {IMAGE_ROOT_GIB} GiB" if size < IMAGE_ROOT_GIB
+               else size_error(vtype, size))
+        if why:
+            raise InvalidParameterValue(f"Value ({size}) for parameter volumeSize is "
+                                        f"invalid: {why}")
+        delete = m.flag("Ebs.DeleteOnTermination", default=True)
+    return size, vtype, delete
 
 
 # -- DescribeImages ---------------------------------------------------------------------
@@ -109,7 +137,7 @@ def _fields(store: ImageStore) -> dict[str, Field[Image]]:
         "is-public": lambda i: [str(not i.registered).lower()],
         "image-type": lambda i: ["machine"],
         "root-device-type": lambda i: ["ebs"],
-        "root-device-name": lambda i: [ROOT_DEVICE],
+        "root-device-name": lambda i: [i.root_device_name],
         "virtualization-type": lambda i: ["hvm"],
         "hypervisor": lambda i: ["xen"],
         "platform-details": lambda i: ["Linux/UNIX"],
@@ -135,6 +163,17 @@ def _tags(tags: Iterable[tuple[str, str]]) -> Fragment:
     return items("tagSet", (text("key", k) + text("value", v) for k, v in tags))
 
 
+def _root_mapping(image: Image) -> Fragment:
+    """The image's root device, as EC2 lists an EBS-backed image's: what a launch gets
+    unless its own mapping for the device says otherwise."""
+    return items("blockDeviceMapping", [
+        text("deviceName", image.root_device_name)
+        + node("ebs", text("snapshotId", "snap-" + image.image_id[4:])
+               + text("volumeSize", image.root_volume_size)
+               + text("deleteOnTermination", image.root_delete_on_termination)
+               + text("volumeType", image.root_volume_type) + text("encrypted", False))])
+
+
 def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> str:
     return response("DescribeImages", request_id, items("imagesSet", (
         text("imageId", i.image_id) + text("imageLocation", i.location)
@@ -143,7 +182,7 @@ def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> st
         + text("isPublic", not i.registered) + text("architecture", i.architecture)
         + text("imageType", "machine") + text("name", i.name)
         + text("description", i.description or None) + text("rootDeviceType", "ebs")
-        + text("rootDeviceName", ROOT_DEVICE) + Fragment("<blockDeviceMapping/>")
+        + text("rootDeviceName", i.root_device_name) + _root_mapping(i)
         + text("virtualizationType", "hvm") + text("hypervisor", "xen")
         + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
         + (_tags(i.tags) if i.tags else Fragment(""))

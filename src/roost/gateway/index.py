@@ -83,6 +83,9 @@ class InstanceIndex:
         self.on_gone: Callable[[InstanceRecord], None] | None = None
         """Called once per mirror when an instance terminates or its record expires:
         what it held besides its node's room (its address) can be given back."""
+        self.on_public_dropped: Callable[[InstanceRecord], None] | None = None
+        """Called with the previous record when an instance's public IPv4 address
+        changes or goes (the node clears it on stop): that address can be given back."""
 
     # -- reading -----------------------------------------------------------
 
@@ -163,6 +166,9 @@ class InstanceIndex:
         cur = self._records.get(rec.instance_id)
         if cur is None or _newer(rec, cur, from_bucket=from_bucket):
             self._records[rec.instance_id] = rec
+            if (cur is not None and cur.public_ip and rec.public_ip != cur.public_ip
+                    and self.on_public_dropped is not None):
+                self.on_public_dropped(cur)
             ended = rec.state == "terminated" and (cur is None or cur.state != "terminated")
             if ended and self.on_gone is not None:
                 self.on_gone(rec)

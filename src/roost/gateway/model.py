@@ -68,7 +68,6 @@ FIXED_ATTRIBUTES = {
     "sourceDestCheck": "true",
     "ebsOptimized": "false",  # (both: recorded per instance, see RECORDED_ATTRIBUTES)
     "enaSupport": "true",
-    "rootDeviceName": "/dev/xvda",
     "kernel": "",
     "ramdisk": "",
     "userData": "",

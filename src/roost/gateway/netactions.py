@@ -38,6 +38,12 @@ async def delete_subnet(c: Call) -> str:
     return nr.ok("DeleteSubnet", c.request_id)
 
 
+async def modify_subnet_attribute(c: Call) -> str:
+    subnet_id, value = nq.parse_modify_subnet_attribute(c.params)
+    await c.service.net.set_map_public_ip(subnet_id, value)
+    return nr.ok("ModifySubnetAttribute", c.request_id)
+
+
 async def describe_subnets(c: Call) -> str:
     found = c.reads.net.subnets(rq.parse_describe_named(c.params, "SubnetId"))
     return nr.subnets(c.reads.net.with_free(found), _region(c), c.request_id)
@@ -97,6 +103,7 @@ NETWORK_ACTIONS: dict[str, Action] = {
     "CreateSubnet": create_subnet,
     "DeleteSubnet": delete_subnet,
     "DescribeSubnets": describe_subnets,
+    "ModifySubnetAttribute": modify_subnet_attribute,
     "CreateSecurityGroup": create_security_group,
     "DeleteSecurityGroup": delete_security_group,
     "DescribeSecurityGroups": describe_security_groups,

@@ -35,6 +35,7 @@ VPC_FIELDS: dict[str, Field[Vpc]] = {
     "state": lambda v: ["available"],
     "owner-id": lambda v: [v.owner_id],
     "dhcp-options-id": lambda v: ["default"],
+    "ipv6-cidr-block-association.ipv6-cidr-block": lambda v: [v.ipv6_cidr] if v.ipv6_cidr else [],
 }
 
 
@@ -54,7 +55,9 @@ def _subnet_fields(store: NetworkStore) -> dict[str, Field[Subnet]]:
         "state": lambda s: ["available"],
         "owner-id": lambda s: [s.owner_id],
         "available-ip-address-count": free,
-        "map-public-ip-on-launch": lambda s: ["false"],
+        "map-public-ip-on-launch": lambda s: _bool(s.map_public_ip_on_launch),
+        "ipv6-cidr-block-association.ipv6-cidr-block": lambda s: (
+            [s.ipv6_cidr] if s.ipv6_cidr else []),
     }
 
 

@@ -31,10 +31,19 @@ def vpc(v: Vpc) -> Fragment:
     return Fragment("".join([
         text("vpcId", v.vpc_id), text("ownerId", v.owner_id), text("state", "available"),
         text("cidrBlock", v.cidr), items("cidrBlockAssociationSet", [assoc]),
-        Fragment("<ipv6CidrBlockAssociationSet/>"),
+        _ipv6_set(v.ipv6_cidr, "vpc-cidr-assoc-6" + v.vpc_id[5:],
+                  text("ipv6Pool", "Amazon")),
         text("dhcpOptionsId", "default"), text("instanceTenancy", v.tenancy),
         text("isDefault", v.is_default), _tags(v.tags),
     ]))
+
+
+def _ipv6_set(cidr: str, association_id: str, extra: Fragment) -> Fragment:
+    if not cidr:
+        return Fragment("<ipv6CidrBlockAssociationSet/>")
+    return items("ipv6CidrBlockAssociationSet", [
+        text("associationId", association_id) + text("ipv6CidrBlock", cidr)
+        + node("ipv6CidrBlockState", text("state", "associated")) + extra])
 
 
 def vpcs(found: Iterable[Vpc], request_id: str) -> str:
@@ -50,11 +59,12 @@ def subnet(s: Subnet, free: int, region: str) -> Fragment:
     return Fragment("".join([
         text("subnetId", s.subnet_id), text("subnetArn", arn), text("state", "available"),
         text("ownerId", s.owner_id), text("vpcId", s.vpc_id), text("cidrBlock", s.cidr),
-        Fragment("<ipv6CidrBlockAssociationSet/>"),
+        _ipv6_set(s.ipv6_cidr, "subnet-cidr-assoc-6" + s.subnet_id[8:], Fragment("")),
         text("availableIpAddressCount", free),
         text("availabilityZone", s.availability_zone),
         text("availabilityZoneId", _zone_id(region, s.availability_zone)),
-        text("defaultForAz", s.default_for_az), text("mapPublicIpOnLaunch", False),
+        text("defaultForAz", s.default_for_az),
+        text("mapPublicIpOnLaunch", s.map_public_ip_on_launch),
         text("mapCustomerOwnedIpOnLaunch", False),
         text("assignIpv6AddressOnCreation", False), text("enableDns64", False),
         text("ipv6Native", False),

@@ -23,11 +23,11 @@ from roost.domain.errors import (
     InvalidVpcIDMalformed,
     MissingParameter,
 )
+from roost.domain.images import Image
 from roost.domain.network import Rule
 from roost.domain.volumes import VOLUME_TYPES, LaunchVolume, size_error, valid_device
 from roost.gateway.query import Params
 
-ROOT_DEVICE = "/dev/xvda"
 IMAGE_ROOT_GIB = 8
 """The size of every roost image's root snapshot: EC2's default root volume size."""
 _ID = {"vpc": re.compile(r"vpc-[0-9a-f]{8,17}"), "subnet": re.compile(r"subnet-[0-9a-f]{8,17}"),
@@ -47,6 +47,20 @@ class RootVolume:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMapping:
+    """One BlockDeviceMapping.N of a launch, checked alone; which one is the root
+    depends on the image (`LaunchNetwork.devices`)."""
+
+    device: str
+    size: int | None
+    volume_type: str | None
+    iops: int | None
+    throughput: int | None
+    encrypted: bool
+    delete_on_termination: bool | None  # None: not given (the image's, or EC2's true)
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchNetwork:
     """What RunInstances asks of the network: all optional, EC2 fills the defaults."""
 
@@ -55,13 +69,43 @@ class LaunchNetwork:
     group_ids: tuple[str, ...] = ()
     group_names: tuple[str, ...] = ()
     key_name: str = ""
-    root: RootVolume = field(default_factory=RootVolume)
-    volumes: tuple[LaunchVolume, ...] = ()
+    mappings: tuple[DeviceMapping, ...] = ()
     volume_tags: tuple[tuple[str, str], ...] = ()
     tenancy: str = "default"
     monitoring: bool = False
     ebs_optimized: bool = False
     hibernation: bool = False
+    associate_public_ip: bool | None = None
+    """NetworkInterface.1.AssociatePublicIpAddress; None: the subnet's
+    MapPublicIpOnLaunch decides."""
+    ipv6_count: int = 0  # Ipv6AddressCount (or NetworkInterface.1.Ipv6AddressCount)
+
+    def devices(self, image: Image) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
+        """The mappings as the image sees them: the one of its root device changes the
+        image's root volume; any other is a new, empty volume (recorded, not provided:
+        docs/gateway.md)."""
+        root = RootVolume(image.root_volume_size, image.root_volume_type,
+                          delete_on_termination=image.root_delete_on_termination)
+        extra: list[LaunchVolume] = []
+        for m in self.mappings:
+            if m.device == image.root_device_name:
+                if m.size is not None and m.size < image.root_volume_size:
+                    raise InvalidBlockDeviceMapping(
+                        f"Volume of size {m.size}GB is smaller than snapshot, expect size "
+                        f">= {image.root_volume_size}GB")
+                root = RootVolume(m.size or root.size, m.volume_type or root.volume_type,
+                                  m.iops, m.throughput, m.encrypted,
+                                  root.delete_on_termination
+                                  if m.delete_on_termination is None
+                                  else m.delete_on_termination)
+                continue
+            if m.size is None:
+                raise MissingParameter("The request must contain the parameter size or "
+                                       "snapshotId")
+            extra.append(LaunchVolume(m.device, m.size, m.volume_type or "gp2", m.iops,
+                                      m.throughput, m.encrypted,
+                                      m.delete_on_termination is not False))
+        return root, tuple(extra)
 
 
 def check_id(kind: str, value: str) -> str:
@@ -85,11 +129,9 @@ def _ebs_checks(m: Params, vtype: str | None) -> tuple[int | None, int | None]:
     return iops, throughput
 
 
-def _block_devices(p: Params) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
-    """BlockDeviceMapping.N: the root device sizes the root volume; any other device
-    is a new, empty volume (recorded, not provided: docs/gateway.md)."""
-    root = RootVolume()
-    extra: dict[str, LaunchVolume] = {}
+def _block_devices(p: Params) -> tuple[DeviceMapping, ...]:
+    """BlockDeviceMapping.N, each checked alone (the last one for a device wins)."""
+    found: dict[str, DeviceMapping] = {}
     for m in p.members("BlockDeviceMapping"):
         device = m.get("DeviceName")
         if not device:
@@ -111,24 +153,15 @@ def _block_devices(p: Params) -> tuple[RootVolume, tuple[LaunchVolume, ...]]:
                 f"Value ({vtype[:80]}) for parameter volumeType is invalid. "
                 f"Valid values: {', '.join(VOLUME_TYPES)}.")
         size = m.integer("Ebs.VolumeSize")
-        if size is not None and device == ROOT_DEVICE and size < IMAGE_ROOT_GIB:
-            raise InvalidBlockDeviceMapping(
-                f"Volume of size {size}GB is smaller than snapshot, expect size >= "
-                f"{IMAGE_ROOT_GIB}GB")
         if size is not None and (why := size_error(vtype or "gp2", size)):
             raise InvalidParameterValue(why)
         iops, throughput = _ebs_checks(m, vtype)
         encrypted = m.flag("Ebs.Encrypted")
-        delete = m.flag("Ebs.DeleteOnTermination", default=True)
-        if device == ROOT_DEVICE:
-            root = RootVolume(size, vtype, iops, throughput, encrypted, delete)
-            continue
-        if size is None:
-            raise MissingParameter("The request must contain the parameter size or "
-                                   "snapshotId")
-        extra[device] = LaunchVolume(device, size, vtype or "gp2", iops, throughput,
-                                     encrypted, delete)
-    return root, tuple(extra.values())
+        delete = (m.flag("Ebs.DeleteOnTermination") if m.get("Ebs.DeleteOnTermination")
+                  else None)
+        found[device] = DeviceMapping(device, size, vtype, iops, throughput, encrypted,
+                                      delete)
+    return tuple(found.values())
 
 
 def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
@@ -138,6 +171,8 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
     # The first network interface may carry the same (Terraform sends it this way when
     # it sets associate_public_ip_address).
     nics = p.members("NetworkInterface")
+    public: bool | None = None
+    ipv6_count = p.integer("Ipv6AddressCount") or 0
     if subnet and nics:
         raise InvalidParameterCombination(
             "Network interfaces and an instance-level subnet ID may not be specified on "
@@ -148,6 +183,15 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         subnet = nic.get("SubnetId") or subnet
         private_ip = nic.get("PrivateIpAddress") or private_ip
         group_ids += nic.values("SecurityGroupId")
+        if nic.has("AssociatePublicIpAddress"):
+            public = nic.flag("AssociatePublicIpAddress")
+        ipv6_count = nic.integer("Ipv6AddressCount") or ipv6_count
+    if not 0 <= ipv6_count <= 10:
+        raise InvalidParameterValue(f"Value ({ipv6_count}) for parameter Ipv6AddressCount "
+                                    "is invalid: roost gives 0 to 10.")
+    if p.has("Ipv6Address") or any(nic.has("Ipv6Addresses") for nic in nics):
+        raise InvalidParameterValue("roost assigns IPv6 addresses itself: give "
+                                    "Ipv6AddressCount, not Ipv6Address.N.")
     if subnet:
         check_id("subnet", subnet)
     for gid in group_ids:
@@ -155,7 +199,7 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
     if private_ip and max_count > 1:
         raise InvalidParameterCombination(
             "Cannot specify a private IP address when launching more than one instance.")
-    root, volumes = _block_devices(p)
+    mappings = _block_devices(p)
     tenancy = p.get("Placement.Tenancy") or "default"
     if tenancy not in ("default", "dedicated", "host"):
         raise InvalidParameterValue(f"Value ({tenancy[:80]}) for parameter tenancy is invalid.")
@@ -165,14 +209,15 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         subnet_id=subnet, private_ip=private_ip,
         group_ids=tuple(dict.fromkeys(group_ids)),
         group_names=tuple(dict.fromkeys(p.values("SecurityGroup"))),
-        key_name=p.get("KeyName") or "", root=root, volumes=volumes,
+        key_name=p.get("KeyName") or "", mappings=mappings,
         volume_tags=tuple((t.get("Key") or "", t.get("Value") or "")
                           for spec in p.members("TagSpecification")
                           if spec.get("ResourceType") == "volume"
                           for t in spec.members("Tag")),
         tenancy=tenancy,
         monitoring=p.flag("Monitoring.Enabled"), ebs_optimized=p.flag("EbsOptimized"),
-        hibernation=p.flag("HibernationOptions.Configured"),
+        hibernation=p.flag("HibernationOptions.Configured"), associate_public_ip=public,
+        ipv6_count=ipv6_count,
     )
 
 
@@ -184,6 +229,7 @@ class CreateVpcRequest:
     cidr: str
     tags: tuple[tuple[str, str], ...] = ()
     tenancy: str = "default"
+    ipv6: bool = False  # AmazonProvidedIpv6CidrBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +238,7 @@ class CreateSubnetRequest:
     cidr: str
     availability_zone: str = ""
     tags: tuple[tuple[str, str], ...] = ()
+    ipv6_cidr: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,13 +297,35 @@ def parse_create_vpc(p: Params) -> CreateVpcRequest:
     if tenancy not in ("default", "dedicated", "host"):
         raise InvalidParameterValue(f"Value ({tenancy[:80]}) for parameter "
                                     "instanceTenancy is invalid.")
-    return CreateVpcRequest(p.require("CidrBlock"), resource_tags(p, "vpc"), tenancy)
+    return CreateVpcRequest(p.require("CidrBlock"), resource_tags(p, "vpc"), tenancy,
+                            p.flag("AmazonProvidedIpv6CidrBlock"))
 
 
 def parse_create_subnet(p: Params) -> CreateSubnetRequest:
     vpc = check_id("vpc", p.require("VpcId"))
     return CreateSubnetRequest(vpc, p.require("CidrBlock"), p.get("AvailabilityZone") or "",
-                               resource_tags(p, "subnet"))
+                               resource_tags(p, "subnet"), p.get("Ipv6CidrBlock") or "")
+
+
+_SUBNET_ATTRIBUTES = ("AssignIpv6AddressOnCreation", "MapCustomerOwnedIpOnLaunch",
+                      "EnableDns64", "PrivateDnsHostnameTypeOnLaunch",
+                      "EnableResourceNameDnsARecordOnLaunch",
+                      "EnableResourceNameDnsAAAARecordOnLaunch", "EnableLniAtDeviceIndex",
+                      "DisableLniAtDeviceIndex", "CustomerOwnedIpv4Pool")
+
+
+def parse_modify_subnet_attribute(p: Params) -> tuple[str, bool]:
+    """ModifySubnetAttribute: the subnet and its new MapPublicIpOnLaunch (the one
+    attribute roost keeps; EC2 takes one attribute per call)."""
+    subnet = check_id("subnet", p.require("SubnetId"))
+    others = [a for a in _SUBNET_ATTRIBUTES if p.has(a)]
+    if others:
+        raise InvalidParameterValue(f"roost cannot modify the subnet attribute {others[0]}: "
+                                    "only MapPublicIpOnLaunch.")
+    if not p.has("MapPublicIpOnLaunch.Value"):
+        raise MissingParameter("The request must contain the parameter "
+                               "MapPublicIpOnLaunch")
+    return subnet, p.flag("MapPublicIpOnLaunch.Value")
 
 
 def parse_id(p: Params, name: str, kind: str) -> str:

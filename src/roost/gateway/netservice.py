@@ -7,6 +7,7 @@ Recorded, not enforced: no packet is routed or filtered by any of this (docs/gat
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from roost.domain.errors import (
     InvalidVpcRange,
     OperationNotPermitted,
 )
+from roost.domain.images import Image
 from roost.domain.network import (
     ALLOW_ALL_EGRESS,
     KeyPair,
@@ -43,11 +45,11 @@ from roost.domain.network import (
     Subnet,
     Vpc,
     check_block,
+    check_ipv6_subnet,
     default_group,
 )
 from roost.gateway.keys import import_public_key, new_key_pair
 from roost.gateway.netrequests import (
-    IMAGE_ROOT_GIB,
     CreateGroupRequest,
     CreateSubnetRequest,
     CreateVpcRequest,
@@ -161,7 +163,15 @@ class NetworkService:
             raise InvalidVpcRange(f"The CIDR '{req.cidr[:80]}' is invalid.")
         vpc = Vpc(_new_id("vpc"), str(net), account(self.store.owner_id), tags=dict(req.tags),
                   tenancy=req.tenancy)
-        await self.store.create(vpc)
+        if req.ipv6:
+            vpc = msgspec.structs.replace(
+                vpc, ipv6_cidr=await self.store.claim_ipv6_block(vpc.vpc_id))
+        try:
+            await self.store.create(vpc)
+        except Exception:
+            if vpc.ipv6_cidr:
+                await self.store.release_ipv6_block(vpc.vpc_id, vpc.ipv6_cidr)
+            raise
         group = default_group(vpc)
         await self.store.create(group)
         await self.store.claim_name(vpc.vpc_id, "default", group.group_id)
@@ -182,6 +192,8 @@ class NetworkService:
             await self.store.remove(g.group_id)
             await self.store.release_name(vpc_id, g.group_name, g.owner_id)
         await self.store.remove(vpc_id)
+        if vpc.ipv6_cidr:
+            await self.store.release_ipv6_block(vpc_id, vpc.ipv6_cidr)
 
     async def create_subnet(self, req: CreateSubnetRequest, zones: Sequence[str]) -> Subnet:
         vpc = self.vpc(req.vpc_id)
@@ -193,15 +205,34 @@ class NetworkService:
             if other.vpc_id == vpc.vpc_id and other.network.overlaps(net):
                 raise InvalidSubnetConflict(
                     f"The CIDR '{req.cidr}' conflicts with another subnet")
+        ipv6 = ""
+        if req.ipv6_cidr:
+            found = check_ipv6_subnet(req.ipv6_cidr, vpc.ipv6_cidr)
+            if found is None:
+                raise InvalidSubnetRange(f"The IPv6 CIDR '{req.ipv6_cidr[:80]}' is invalid: "
+                                         "a /64 of the VPC's IPv6 block.")
+            if any(o.vpc_id == vpc.vpc_id and o.ipv6_cidr
+                   and ipaddress.IPv6Network(o.ipv6_cidr).overlaps(found)
+                   for o in self.store.subnets()):
+                raise InvalidSubnetConflict(
+                    f"The CIDR '{req.ipv6_cidr}' conflicts with another subnet")
+            ipv6 = str(found)
         zone = req.availability_zone or zones[0]
         if zone not in zones:
             raise InvalidParameterValue(f"Value ({zone[:80]}) for parameter "
                                         "availabilityZone is invalid. Subnets can currently "
                                         f"only be created in: {', '.join(zones)}.")
         subnet = Subnet(_new_id("subnet"), vpc.vpc_id, str(net), zone, account(self.store.owner_id),
-                        tags=dict(req.tags))
+                        tags=dict(req.tags), ipv6_cidr=ipv6)
         await self.store.create(subnet)
         return subnet
+
+    async def set_map_public_ip(self, subnet_id: str, value: bool) -> None:
+        """ModifySubnetAttribute MapPublicIpOnLaunch (compare-and-set on the record; a
+        default subnet is stored from then on)."""
+        base = self.subnet(subnet_id)
+        await self.store.change(subnet_id, base, lambda rec: msgspec.structs.replace(
+            rec, map_public_ip_on_launch=value))
 
     async def delete_subnet(self, subnet_id: str, instances: Iterable[InstanceRecord]) -> None:
         subnet = self.subnet(subnet_id)
@@ -323,9 +354,13 @@ class NetworkService:
 
     # -- launches ---------------------------------------------------------------------
 
-    def resolve(self, req: LaunchNetwork, zone: str) -> tuple[Subnet, InstanceNetwork]:
+    def resolve(self, req: LaunchNetwork, zone: str, image: Image
+                ) -> tuple[Subnet, InstanceNetwork]:
         """Check what a launch names (subnet, groups, key) and fill EC2's defaults.
-        ``zone`` is the zone asked for, or the one chosen, when no subnet is given."""
+        ``zone`` is the zone asked for, or the one chosen, when no subnet is given.
+        The mappings are checked first: they are the request's own form, which EC2
+        checks before it looks anything up."""
+        root, volumes = req.devices(image)
         if req.subnet_id:
             subnet = self.subnet(req.subnet_id)
             if zone and zone != subnet.availability_zone:
@@ -335,6 +370,10 @@ class NetworkService:
                     f"{subnet.availability_zone}")
         else:
             subnet = self.store.default_subnet_for(zone)
+        if req.ipv6_count and not subnet.ipv6_cidr:
+            raise InvalidParameterValue(
+                f"The subnet '{subnet.subnet_id}' has no IPv6 CIDR block: it cannot give "
+                f"{req.ipv6_count} IPv6 address(es).")
         groups = [self.group(GroupRef(group_id=g)) for g in req.group_ids]
         for name in req.group_names:
             found = self.store.group_named(subnet.vpc_id, name)
@@ -350,19 +389,22 @@ class NetworkService:
             default = self.store.group_named(subnet.vpc_id, "default")
             groups = [default] if default is not None else []
         public_key = self.key_pair(req.key_name).public_key if req.key_name else ""
-        root = req.root
         network = InstanceNetwork(
             subnet_id=subnet.subnet_id, vpc_id=subnet.vpc_id,
             security_group_ids=list(dict.fromkeys(g.group_id for g in groups)),
             key_name=req.key_name, public_key=public_key,
-            root_volume_size=root.size or IMAGE_ROOT_GIB,
+            root_device_name=image.root_device_name,
+            root_volume_size=root.size or image.root_volume_size,
             root_volume_type=root.volume_type or "gp2", root_volume_iops=root.iops,
             root_volume_throughput=root.throughput, root_volume_encrypted=root.encrypted,
             root_delete_on_termination=root.delete_on_termination,
-            volumes=list(req.volumes), volume_tags=dict(req.volume_tags),
+            volumes=list(volumes), volume_tags=dict(req.volume_tags),
             tenancy=req.tenancy,
             monitoring=req.monitoring, ebs_optimized=req.ebs_optimized,
             hibernation=req.hibernation,
+            associate_public_ip=(subnet.map_public_ip_on_launch
+                                 if req.associate_public_ip is None
+                                 else req.associate_public_ip),
         )
         return subnet, network
 
@@ -381,7 +423,21 @@ class NetworkService:
     async def release(self, subnet: Subnet, launch_ids: Sequence[str],
                       addresses: Sequence[str]) -> None:
         for lid, ip in zip(launch_ids, addresses, strict=False):
-            await self.store.release(subnet.subnet_id, ip, lid)
+            if ip:
+                await self.store.release(subnet.subnet_id, ip, lid)
+
+    async def place_public(self, network: InstanceNetwork, launch_ids: Sequence[str]
+                           ) -> list[str]:
+        """One public IPv4 address per launch id from the pool when the launch has
+        them (`InstanceNetwork.associate_public_ip`), else ``""`` for each."""
+        if not network.associate_public_ip:
+            return [""] * len(launch_ids)
+        return await self.place(self.store.public_pool, launch_ids)
+
+    async def release_both(self, subnet: Subnet, launch_ids: Sequence[str],
+                           private: Sequence[str], public: Sequence[str]) -> None:
+        await self.release(subnet, launch_ids, private)
+        await self.release(self.store.public_pool, launch_ids, public)
 
 
 def _now() -> str:

@@ -37,6 +37,8 @@ from roost.domain.errors import (
     ServiceUnavailable,
 )
 from roost.domain.network import (
+    PUBLIC_IPV4_POOL,
+    PUBLIC_POOL_ID,
     KeyPair,
     NetworkRecord,
     SecurityGroup,
@@ -46,6 +48,8 @@ from roost.domain.network import (
     default_subnet,
     default_vpc,
     first_free,
+    ipv6_block,
+    public_pool_subnet,
     usable,
 )
 from roost.gateway.tenancy import account, visible
@@ -112,7 +116,8 @@ def _unavailable(what: str, exc: BaseException) -> ServiceUnavailable:
 class NetworkStore:
     def __init__(self, network: KeyValue, addresses: KeyValue, key_pairs: KeyValue, *,
                  region: str, owner_id: str, zones: Callable[[], list[str]],
-                 stripe: tuple[int, int] = (0, 1)) -> None:
+                 stripe: tuple[int, int] = (0, 1), public_pool: str = PUBLIC_IPV4_POOL
+                 ) -> None:
         self._kvs = {"network": network, "addresses": addresses, "key_pairs": key_pairs}
         self.stripe = stripe
         """Where this process starts looking for a free address (`first_free`): worker
@@ -121,6 +126,7 @@ class NetworkStore:
         self.owner_id = owner_id
         self._zones = zones
         self.default_vpc = default_vpc(region, owner_id)
+        self.public_pool = public_pool_subnet(public_pool)
         self._records: dict[str, tuple[int, NetworkRecord]] = {}
         self._names: dict[str, str] = {}  # name key -> group id
         self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
@@ -179,7 +185,10 @@ class NetworkStore:
                      if g.vpc_id == vpc_id and g.group_name == name), None)
 
     def default_subnet_for(self, zone: str) -> Subnet:
-        return default_subnet(self.default_vpc, self.region, zone)
+        """The zone's default subnet, as stored once an attribute or tag was changed."""
+        derived = default_subnet(self.default_vpc, self.region, zone)
+        rec = self._records.get(derived.subnet_id)
+        return rec[1] if rec is not None and isinstance(rec[1], Subnet) else derived
 
     def key_pairs(self) -> list[KeyPair]:
         return [k for (owner, _), k in self._key_pairs.items() if visible(owner)]
@@ -275,6 +284,30 @@ class NetworkStore:
             raise _unavailable("network", exc) from None
         self._names[key] = group_id
         return True
+
+    async def claim_ipv6_block(self, vpc_id: str) -> str:
+        """A /56 of the IPv6 pool for ``vpc_id``, claimed under ``ipv6block.<n>`` with
+        compare-and-set (two gateways never give one block twice)."""
+        for attempt in range(_RETRIES):
+            n, block = ipv6_block(vpc_id, attempt)
+            try:
+                await self._kvs["network"].create(f"ipv6block.{n}", vpc_id.encode())
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            except BUS_DOWN as exc:
+                raise _unavailable("network", exc) from None
+            return block
+        raise ServiceUnavailable("No free IPv6 block was found; retry.")
+
+    async def release_ipv6_block(self, vpc_id: str, block: str) -> None:
+        for attempt in range(_RETRIES):
+            n, candidate = ipv6_block(vpc_id, attempt)
+            if candidate == block:
+                try:
+                    await self._kvs["network"].delete(f"ipv6block.{n}")
+                except BUS_DOWN as exc:
+                    log.warning("could not release %s of %s: %r", block, vpc_id, exc)
+                return
 
     async def release_name(self, vpc_id: str, name: str, owner_id: str) -> None:
         key = name_key(vpc_id, name, owner_id)
@@ -392,9 +425,15 @@ class NetworkStore:
         every gateway may try; deletes are conditional and idempotent)."""
         if rec.instance_id in self.instance_groups:
             self._chore(self._forget_groups(rec.instance_id))
+        if rec.public_ip:
+            self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
         if not rec.private_ip or rec.network is None or not rec.network.subnet_id:
             return
         self._chore(self.release(rec.network.subnet_id, rec.private_ip, rec.launch_id))
+
+    def public_dropped(self, rec: InstanceRecord) -> None:
+        """``rec``'s public address is no longer its own (it stopped): give it back."""
+        self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
 
     async def _forget_groups(self, instance_id: str) -> None:
         try:
@@ -406,8 +445,11 @@ class NetworkStore:
         """Take back addresses that no live instance holds and that are older than
         `ORPHAN_AFTER` (a gateway died mid-launch), and those of terminated instances
         whose release was missed. Returns how many were freed."""
+        records = list(records)
         live = {(r.network.subnet_id, r.private_ip): r.launch_id for r in records
                 if r.network is not None and r.private_ip and r.state != "terminated"}
+        live.update({(PUBLIC_POOL_ID, r.public_ip): r.launch_id for r in records
+                     if r.public_ip and r.state != "terminated"})
         freed = 0
         for subnet_id, held in list(self._addresses.items()):
             for n, (_, claim) in list(held.items()):
@@ -479,6 +521,8 @@ class NetworkStore:
                     self.instance_groups.pop(iid, None)
                 else:
                     self.instance_groups[iid] = msgspec.json.decode(value, type=list[str])
+            elif key.startswith("ipv6block."):
+                pass  # claims only: the VPC record carries its block
             elif key.startswith("sgname."):
                 if removed:
                     self._names.pop(key, None)

@@ -236,4 +236,5 @@ def _enforced_attributes(rec: InstanceRecord) -> dict[str, str]:
         "disableApiTermination": str(opts.disable_api_termination).lower(),
         "disableApiStop": str(opts.disable_api_stop).lower(),
         "instanceInitiatedShutdownBehavior": opts.shutdown_behavior,
+        "rootDeviceName": rec.net.root_device_name,
     }

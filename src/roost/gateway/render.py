@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from roost.bus.schemas import InstanceRecord
 from roost.domain.catalog import InstanceType
 from roost.domain.lifecycle import InstanceState
-from roost.domain.network import private_dns_name
+from roost.domain.network import private_dns_name, public_dns_name
 from roost.domain.volumes import Volume
 from roost.gateway.model import (
     InstanceAttribute,
@@ -33,8 +33,6 @@ from roost.gateway.xml import (
     timestamp,
     values,
 )
-
-ROOT_DEVICE = "/dev/xvda"
 
 
 def state(tag: str, name: str) -> Fragment:
@@ -93,7 +91,8 @@ def _block_devices(rec: InstanceRecord, launched: str, devices: Devices | None) 
         return "<blockDeviceMapping/>"
     status = "detached" if rec.state == "terminated" else "attached"
     delete = "true" if rec.net.root_delete_on_termination else "false"
-    return (f"<blockDeviceMapping><item><deviceName>{ROOT_DEVICE}</deviceName><ebs>"
+    device = escape_text(rec.net.root_device_name)
+    return (f"<blockDeviceMapping><item><deviceName>{device}</deviceName><ebs>"
             f"<volumeId>{escape_text(root_volume_id(rec.instance_id))}</volumeId>"
             f"<status>{status}</status><attachTime>{launched}</attachTime>"
             f"<deleteOnTermination>{delete}</deleteOnTermination></ebs></item>"
@@ -127,6 +126,10 @@ def interface(rec: InstanceRecord, names: Mapping[str, str], *,
     zone = (f"<availabilityZone>{escape_text(rec.availability_zone)}</availabilityZone>"
             if standalone else "")
     managed = "<requesterManaged>false</requesterManaged>" if standalone else ""
+    public = rec.shown_public_ip
+    association = (f"<association><publicIp>{escape_text(public)}</publicIp>"
+                   f"<publicDnsName>{escape_text(public_dns_name(public))}</publicDnsName>"
+                   "<ipOwnerId>amazon</ipOwnerId></association>") if public else ""
     return Fragment(
         f"<networkInterfaceId>eni-{short}</networkInterfaceId>"
         f"<subnetId>{escape_text(net.subnet_id)}</subnetId><vpcId>{escape_text(net.vpc_id)}</vpcId>"
@@ -140,10 +143,21 @@ def interface(rec: InstanceRecord, names: Mapping[str, str], *,
         f"<attachTime>{timestamp(rec.launch_time)}</attachTime>"
         f"<deleteOnTermination>true</deleteOnTermination>"
         f"<networkCardIndex>0</networkCardIndex>{extra_attach}</attachment>"
+        f"{association}"
         f"<privateIpAddressesSet><item><privateIpAddress>{ip}</privateIpAddress>"
-        f"<privateDnsName>{dns}</privateDnsName><primary>true</primary></item>"
-        f"</privateIpAddressesSet><ipv6AddressesSet/><interfaceType>interface</interfaceType>"
+        f"<privateDnsName>{dns}</privateDnsName><primary>true</primary>{association}</item>"
+        f"</privateIpAddressesSet>{_ipv6_set(net.ipv6_addresses)}"
+        "<interfaceType>interface</interfaceType>"
     )
+
+
+def _ipv6_set(addresses: list[str]) -> str:
+    if not addresses:
+        return "<ipv6AddressesSet/>"
+    return "<ipv6AddressesSet>" + "".join(
+        f"<item><ipv6Address>{escape_text(a)}</ipv6Address>"
+        "<isPrimaryIpv6>false</isPrimaryIpv6></item>" for a in addresses
+    ) + "</ipv6AddressesSet>"
 
 
 def _mac(instance_id: str) -> str:
@@ -152,9 +166,9 @@ def _mac(instance_id: str) -> str:
 
 
 _FIXED = "".join([
-    text("dnsName", ""), "<productCodes/>",
+    "<productCodes/>",
     text("architecture", "x86_64"), text("rootDeviceType", "ebs"),
-    text("rootDeviceName", ROOT_DEVICE), text("virtualizationType", "hvm"),
+    text("virtualizationType", "hvm"),
     text("hypervisor", "xen"), text("enaSupport", True),
     node("capacityReservationSpecification", text("capacityReservationPreference", "open")),
     node("enclaveOptions", text("enabled", False)),
@@ -174,6 +188,7 @@ def instance(rec: InstanceRecord, itype: InstanceType | None,
     names = names or {}
     live = rec.state != "terminated"
     vpc = rec.network is not None and live
+    public = rec.shown_public_ip
     launched = timestamp(rec.launch_time)
     return Fragment("".join([
         text("instanceId", rec.instance_id),
@@ -192,6 +207,10 @@ def instance(rec: InstanceRecord, itype: InstanceType | None,
         text("subnetId", net.subnet_id if vpc else None),
         text("vpcId", net.vpc_id if vpc else None),
         text("privateIpAddress", (rec.private_ip or None) if live else None),
+        text("rootDeviceName", net.root_device_name),
+        text("dnsName", public_dns_name(public)),
+        text("ipAddress", public or None),
+        text("ipv6Address", net.ipv6_addresses[0] if live and net.ipv6_addresses else None),
         _group_set(net.security_group_ids if live else (), names),
         node("stateReason", text("code", reason), text("message", reason)) if reason else "",
         _block_devices(rec, launched, devices),
@@ -217,7 +236,7 @@ def metadata_options(rec: InstanceRecord, tag: str = "metadataOptions") -> Fragm
     return node(tag, text("state", "applied"), text("httpTokens", opts.http_tokens),
                 text("httpPutResponseHopLimit", opts.http_put_response_hop_limit),
                 text("httpEndpoint", opts.http_endpoint),
-                text("httpProtocolIpv6", "disabled"),
+                text("httpProtocolIpv6", opts.http_protocol_ipv6),
                 text("instanceMetadataTags", opts.instance_metadata_tags))
 
 

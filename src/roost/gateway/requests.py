@@ -128,6 +128,8 @@ class ModifyInstanceRequest:
     fixed: dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
     group_ids: tuple[str, ...] = ()  # GroupId.N: the instance's new security groups
+    delete_on_termination: tuple[tuple[str, bool], ...] = ()
+    """BlockDeviceMapping.N: (device, its volume's new DeleteOnTermination)."""
 
     def changes(self, current: InstanceOptions) -> InstanceChanges:
         opts = msgspec.structs.replace(current, **self.options) if self.options else None
@@ -222,13 +224,14 @@ def _metadata_options(p: Params, prefix: str) -> dict[str, object]:
     tokens = _choice(p, f"{prefix}HttpTokens", ("optional", "required"))
     endpoint = _choice(p, f"{prefix}HttpEndpoint", ("enabled", "disabled"))
     tags = _choice(p, f"{prefix}InstanceMetadataTags", ("enabled", "disabled"))
+    ipv6 = _choice(p, f"{prefix}HttpProtocolIpv6", ("enabled", "disabled"))
     hops = p.integer(f"{prefix}HttpPutResponseHopLimit")
     if hops is not None and not 1 <= hops <= 64:
         raise InvalidParameterValue(
             f"Value ({hops}) for parameter HttpPutResponseHopLimit is invalid. "
             "Expecting a value between 1 and 64.")
     for key, value in (("http_tokens", tokens), ("http_endpoint", endpoint),
-                       ("instance_metadata_tags", tags),
+                       ("instance_metadata_tags", tags), ("http_protocol_ipv6", ipv6),
                        ("http_put_response_hop_limit", hops)):
         if value is not None:
             out[key] = value
@@ -385,7 +388,8 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
     group_ids = tuple(check_id("sg", g) for g in p.values("GroupId"))
     if name == "groupSet":
         raise InvalidParameterValue("Give the groups as GroupId.N.")
-    if not raw and not group_ids:
+    mappings = tuple(_delete_on_termination(m) for m in p.members("BlockDeviceMapping"))
+    if not raw and not group_ids and not mappings:
         raise MissingParameter("The request must contain an attribute to modify.")
     options: dict[str, object] = {}
     fixed: dict[str, str] = {}
@@ -402,7 +406,21 @@ def parse_modify_instance_attribute(p: Params) -> ModifyInstanceRequest:
         else:
             fixed[attr] = value
     return ModifyInstanceRequest(iid, options, instance_type, user_data, fixed,
-                                 dry_run=p.flag("DryRun"), group_ids=group_ids)
+                                 dry_run=p.flag("DryRun"), group_ids=group_ids,
+                                 delete_on_termination=mappings)
+
+
+def _delete_on_termination(m: Params) -> tuple[str, bool]:
+    """One BlockDeviceMapping.N of ModifyInstanceAttribute: the device, and whether its
+    volume goes with the instance (the one thing EC2 changes there)."""
+    device = m.get("DeviceName")
+    if not device:
+        raise MissingParameter("The request must contain the parameter "
+                               "BlockDeviceMapping.DeviceName")
+    if not m.has("Ebs.DeleteOnTermination"):
+        raise MissingParameter("The request must contain the parameter "
+                               "BlockDeviceMapping.Ebs.DeleteOnTermination")
+    return device, m.flag("Ebs.DeleteOnTermination")
 
 
 def _boolean(attr: str, value: str) -> bool:

@@ -26,6 +26,7 @@ from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
 from roost.domain.catalog import BUILTIN, Catalog
+from roost.domain.network import PUBLIC_IPV4_POOL
 from roost.gateway.accounts import AccountStore, KeyBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
@@ -69,6 +70,8 @@ class GatewayConfig:
     max_attempts: int = 3
     client_token_ttl: float = 24 * 3600.0
     max_instances_per_request: int = 500
+    public_ipv4_pool: str = PUBLIC_IPV4_POOL
+    """The block public IPv4 addresses are drawn from (recorded, not routed)."""
     full_after: float = FULL_AFTER
     """Seconds after start before a full cluster is answered from the capacity view
     alone; until then the bus is asked. Raise it if nodes heartbeat slower than 2 s."""
@@ -167,12 +170,14 @@ class Gateway:
 
         self._network = network = NetworkStore(network_kv, addresses_kv, key_pairs_kv,
                                                region=cfg.region, owner_id=cfg.owner_id,
-                                               zones=zones, stripe=cfg.address_stripe)
+                                               zones=zones, stripe=cfg.address_stripe,
+                                               public_pool=cfg.public_ipv4_pool)
         self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.state_of)
         volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
         self._volumes = volumes
         index.on_gone = _each(network.instance_gone, volumes.instance_gone,
                               quotas.instance_gone)
+        index.on_public_dropped = network.public_dropped
         index.group_overrides = network.instance_groups
         network.start(index.all)
         volumes.start()

@@ -40,8 +40,9 @@ from roost.domain.errors import (
     RoostError,
     ServiceUnavailable,
 )
+from roost.domain.images import Image
 from roost.domain.lifecycle import InstanceState
-from roost.domain.network import Subnet
+from roost.domain.network import Subnet, ipv6_addresses
 from roost.gateway.capacity import CapacityView
 from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
@@ -90,6 +91,14 @@ class Site:
         return f"{self.region}a"
 
 
+def _with_ipv6(target: Target, launch_id: str, count: int) -> InstanceNetwork:
+    """The launch's network identity, with its IPv6 addresses when it asked for any."""
+    if not count:
+        return target.network
+    return msgspec.structs.replace(target.network, ipv6_addresses=ipv6_addresses(
+        target.subnet.ipv6_cidr, launch_id, count))
+
+
 def new_reservation_id() -> str:
     return "r-" + secrets.token_hex(9)[:17]
 
@@ -133,7 +142,7 @@ class Ec2Service:
     # -- RunInstances ---------------------------------------------------------------
 
     async def _validate(self, req: RunInstancesRequest) -> tuple[InstanceType, Target]:
-        self.images.require(req.image_id)
+        image = self.images.require(req.image_id)
         itype = await self.types.resolve(req.instance_type)
         if req.availability_zone and req.availability_zone not in self.zones():
             raise InvalidParameterValue(
@@ -145,9 +154,9 @@ class Ec2Service:
             )
         if req.dry_run:
             raise DryRunOperation(DRY_RUN)
-        return itype, self._target(req, itype)
+        return itype, self._target(req, itype, image)
 
-    def _target(self, req: RunInstancesRequest, itype: InstanceType) -> Target:
+    def _target(self, req: RunInstancesRequest, itype: InstanceType, image: Image) -> Target:
         """The subnet and network identity of a launch, and the zone placement must keep
         to. Without a subnet or a zone, EC2 picks a default subnet; roost picks the zone
         whose nodes last said they have the most room for the type, and keeps placement
@@ -160,7 +169,7 @@ class Ec2Service:
             placement_zone = zone if len(zones) > 1 else ""
         else:
             placement_zone = zone
-        subnet, network = self.net.resolve(req.network, zone)
+        subnet, network = self.net.resolve(req.network, zone, image)
         if req.network.subnet_id:
             placement_zone = subnet.availability_zone
         return Target(subnet, network, placement_zone)
@@ -202,23 +211,28 @@ class Ec2Service:
         launches = [self._launch_request(req, rid, i, owner) for i in range(count)]
         launch_ids = [launch.launch_id for launch in launches]
         started = asyncio.get_running_loop().time()
+        addresses: list[str] = []
         try:
             addresses = await self.net.place(target.subnet, launch_ids,
                                              req.network.private_ip)
+            publics = await self.net.place_public(target.network, launch_ids)
         except Exception:
+            await self.net.release(target.subnet, launch_ids, addresses)
             await self._settle(owner, rid, itype, [])
             if claim is not None:
                 await self.tokens.release(claim)
             raise
-        launches = [msgspec.structs.replace(launch, private_ip=ip, network=target.network)
-                    for launch, ip in zip(launches, addresses, strict=True)]
+        launches = [msgspec.structs.replace(launch, private_ip=ip, public_ip=pub,
+                                            network=_with_ipv6(target, launch.launch_id,
+                                                               req.network.ipv6_count))
+                    for launch, ip, pub in zip(launches, addresses, publics, strict=True)]
         try:
             records = await self.launcher.launch_many(
                 launches, itype, min_count=req.min_count, zone=zone,
                 reconcile_first=bool(claim and claim.takeover),
             )
         except Exception as exc:
-            await self.net.release(target.subnet, launch_ids, addresses)
+            await self.net.release_both(target.subnet, launch_ids, addresses, publics)
             await self._settle(owner, rid, itype, [])
             outcome = ("insufficient_capacity" if isinstance(exc, InsufficientInstanceCapacity)
                        else "failed")
@@ -227,10 +241,12 @@ class Ec2Service:
                 await self.tokens.release(claim)
             raise
         await self._settle(owner, rid, itype, records)
-        held = {(r.launch_id, r.private_ip) for r in records}
-        unused = [(lid, ip) for lid, ip in zip(launch_ids, addresses, strict=True)
-                  if (lid, ip) not in held]
-        await self.net.release(target.subnet, [u[0] for u in unused], [u[1] for u in unused])
+        held = {(r.launch_id, r.private_ip, r.public_ip) for r in records}
+        unused = [(lid, ip, pub) for lid, ip, pub in zip(launch_ids, addresses, publics,
+                                                         strict=True)
+                  if (lid, ip, pub) not in held]
+        await self.net.release_both(target.subnet, [u[0] for u in unused],
+                                    [u[1] for u in unused], [u[2] for u in unused])
         self.metrics.launch_seconds.observe(asyncio.get_running_loop().time() - started)
         self.metrics.launches.labels("launched").inc(len(records))
         records.sort(key=lambda r: r.ami_launch_index)
@@ -317,12 +333,20 @@ class Ec2Service:
                 at=now_iso()))
             return StateChange(iid, shown.state, rec.state)
         held = op == "start" and rec.state == "stopped" and await self._hold(rec)
+        public = ""
         try:
-            reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force))
+            if op == "start" and rec.state == "stopped":
+                (public,) = await self.net.place_public(rec.net, [rec.launch_id])
+            reply = await self._ask(rec, InstanceCommand(op=op, instance_id=iid, force=force,
+                                                         public_ip=public))
         except Exception:
             if held:
                 await self._release(rec)
+            await self.net.release(self.net.store.public_pool, [rec.launch_id], [public])
             raise
+        if public and (reply.instance is None or reply.instance.public_ip != public):
+            # Started already by a racing call, which claimed its own.
+            await self.net.release(self.net.store.public_pool, [rec.launch_id], [public])
         if op == "stop":
             await self._release(rec)
         current = reply.instance.state if reply.instance is not None else rec.state
@@ -405,6 +429,10 @@ class Ec2Service:
             raise DryRunOperation(DRY_RUN)
         if req.group_ids:
             await self.net.set_groups(rec, req.group_ids)
+        if req.delete_on_termination:
+            rec = msgspec.structs.replace(rec, network=network or rec.network)
+            network = await self.volumes.set_delete_on_termination(
+                rec, req.delete_on_termination) or network
         if not (req.options or req.instance_type is not None or req.user_data is not None
                 or network is not None):
             return

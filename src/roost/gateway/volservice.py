@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import msgspec
 
+from roost.bus.schemas import InstanceNetwork, InstanceRecord
 from roost.domain.errors import (
     IncorrectInstanceState,
     IncorrectState,
@@ -37,7 +38,6 @@ from roost.domain.volumes import (
 )
 from roost.gateway.describe import Field, apply_filters
 from roost.gateway.index import InstanceIndex
-from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.query import Params
 from roost.gateway.requests import DescribeRequest
 from roost.gateway.tenancy import account
@@ -192,11 +192,38 @@ class VolumeService:
                 f"The volume {vid} is not attached to instance "
                 f"{instance_id or att.instance_id}{where}")
         rec = self.index.find(att.instance_id)
-        if att.device == ROOT_DEVICE and rec is not None and rec.state != "stopped":
+        if rec is not None and att.device == rec.net.root_device_name and rec.state != "stopped":
             raise OperationNotPermitted(
                 f"Unable to detach root volume '{vid}' from instance '{att.instance_id}'")
         await self.store.put(msgspec.structs.replace(vol, attachment=None), base=vol)
         return vol
+
+    async def set_delete_on_termination(self, rec: InstanceRecord,
+                                        changes: Sequence[tuple[str, bool]]
+                                        ) -> InstanceNetwork | None:
+        """ModifyInstanceAttribute BlockDeviceMapping.N: each device's volume keeps or
+        loses DeleteOnTermination. A volume attached after launch is changed in the
+        store here; the root and launch volumes live in the instance's record, so the
+        record's network attributes with the changes applied are returned for the node
+        to store (None when none of them changed)."""
+        attached = {v.attachment.device: v for v in self.store.attached(rec)
+                    if v.attachment is not None}
+        net = rec.network
+        for device, delete in changes:
+            vol = attached.get(device)
+            if vol is None or vol.attachment is None or net is None:
+                raise InvalidParameterValue(f"No volume is attached to {rec.instance_id} "
+                                            f"as {device[:80]}.")
+            if self.store.has_stored(vol.volume_id):
+                att = msgspec.structs.replace(vol.attachment, delete_on_termination=delete)
+                await self.store.put(msgspec.structs.replace(vol, attachment=att), base=vol)
+            elif device == net.root_device_name:
+                net = msgspec.structs.replace(net, root_delete_on_termination=delete)
+            else:
+                net = msgspec.structs.replace(net, volumes=[
+                    msgspec.structs.replace(v, delete_on_termination=delete)
+                    if v.device == device else v for v in net.volumes])
+        return net if net is not rec.network else None
 
     async def delete(self, vid: str) -> None:
         vol = self.volume(vid)

@@ -32,7 +32,6 @@ from roost.domain.volumes import (
     default_throughput,
     launch_volume_id,
 )
-from roost.gateway.netrequests import ROOT_DEVICE
 from roost.gateway.render import root_volume_id
 from roost.gateway.tenancy import visible
 
@@ -57,13 +56,13 @@ def launch_volumes(rec: InstanceRecord) -> list[tuple[Volume, bool]]:
             throughput: int | None, encrypted: bool, delete: bool) -> tuple[Volume, bool]:
         attachment = (Attachment(rec.instance_id, device, rec.launch_time, delete)
                       if live else None)
-        snapshot = "snap-" + rec.image_id[4:] if device == ROOT_DEVICE else ""
+        snapshot = "snap-" + rec.image_id[4:] if device == net.root_device_name else ""
         return Volume(vid, size, vtype, rec.availability_zone, rec.launch_time,
                       iops or default_iops(vtype, size),
                       throughput or default_throughput(vtype), encrypted, snapshot,
                       dict(net.volume_tags), attachment, owner_id=rec.owner_id), delete
 
-    out = [one(root_volume_id(rec.instance_id), ROOT_DEVICE, net.root_volume_size,
+    out = [one(root_volume_id(rec.instance_id), net.root_device_name, net.root_volume_size,
                net.root_volume_type, net.root_volume_iops, net.root_volume_throughput,
                net.root_volume_encrypted, net.root_delete_on_termination)]
     out += [one(launch_volume_id(rec.instance_id, v.device), v.device, v.size,

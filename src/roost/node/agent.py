@@ -300,6 +300,8 @@ class NodeAgent:
     ) -> s.InstanceRecord:
         rec = self._records[instance_id]
         check_transition(St(rec.state), target)
+        if target is St.STOPPED:
+            changes.setdefault("public_ip", "")  # EC2 gives the public address back
         rec = msgspec.structs.replace(
             rec, state=target.value, state_reason=reason,
             state_transition_reason=note or rec.state_transition_reason,
@@ -481,6 +483,7 @@ class NodeAgent:
             client_token=req.client_token, owner_id=req.owner_id,
             ami_launch_index=req.ami_launch_index, gpus=list(alloc.gpus),
             updated_at=now, options=req.options, private_ip=req.private_ip, network=req.network,
+            public_ip=req.public_ip,
         )
         self._records[instance_id] = rec
         self.state.put(rec, user_data=req.user_data)
@@ -591,7 +594,7 @@ class NodeAgent:
         elif op == "reboot":
             self._track(self._reboot(iid))
         else:
-            started = await self._start(iid, before)
+            started = await self._start(iid, before, cmd.public_ip)
             if started is None:
                 return s.CommandReply(ok=False, previous_state=before.value,
                                       error="InsufficientInstanceCapacity",
@@ -622,7 +625,8 @@ class NodeAgent:
             return  # a terminate overtook a stop; its own task finishes the move
         await self._move(instance_id, target, reason=reason)  # gives the room back
 
-    async def _start(self, instance_id: str, before: InstanceState) -> s.InstanceRecord | None:
+    async def _start(self, instance_id: str, before: InstanceState, public_ip: str = ""
+                     ) -> s.InstanceRecord | None:
         if before in (St.PENDING, St.RUNNING):
             return self._records[instance_id]
         rec = self._records[instance_id]
@@ -631,7 +635,7 @@ class NodeAgent:
         if alloc is None:
             return None
         rec = await self._move(instance_id, St.PENDING, note="User initiated",
-                               gpus=list(alloc.gpus), exit_code=None)
+                               gpus=list(alloc.gpus), exit_code=None, public_ip=public_ip)
         await self._changed()
         stored = self.state.get(instance_id)
         self._boot_soon(instance_id, stored.user_data if stored else "")

@@ -48,6 +48,9 @@ class InstanceMetadata:
     local_hostname: str
     local_ipv4: str = ""
     """'' = unknown: the path is absent and the identity document says null."""
+    public_ipv4: str = ""
+    """'' = none: ``public-ipv4`` and ``public-hostname`` are absent, as on EC2."""
+    public_hostname: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
     user_data: bytes | None = None
     http_tokens: str = "optional"
@@ -120,6 +123,9 @@ def _meta_data(md: InstanceMetadata) -> Dir:
     }
     if md.local_ipv4:
         items["local-ipv4"] = _text(md.local_ipv4)
+    if md.public_ipv4:
+        items["public-hostname"] = _text(md.public_hostname)
+        items["public-ipv4"] = _text(md.public_ipv4)
     items["placement"] = Dir({"availability-zone": _text(md.availability_zone),
                               "region": _text(md.region)})
     if md.public_keys:

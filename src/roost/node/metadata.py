@@ -21,6 +21,7 @@ from pathlib import Path
 
 from roost.bus.schemas import InstanceRecord
 from roost.domain.lifecycle import InstanceState
+from roost.domain.network import public_dns_name
 from roost.node.drivers import InstanceDriver
 from roost.node.imds import InstanceMetadata, MetadataServer
 from roost.node.peers import resolver_by_groups
@@ -47,6 +48,7 @@ def metadata_for(rec: InstanceRecord, user_data: str | None) -> InstanceMetadata
         reservation_id=rec.reservation_id, ami_launch_index=rec.ami_launch_index,
         launch_time=rec.launch_time, account_id=rec.owner_id or "000000000000",
         local_hostname=host, local_ipv4=rec.private_ip, tags=dict(rec.tags),
+        public_ipv4=rec.shown_public_ip, public_hostname=public_dns_name(rec.shown_public_ip),
         user_data=user_data.encode() if user_data else None,
         http_tokens=opts.http_tokens, http_endpoint=opts.http_endpoint,
         instance_metadata_tags=opts.instance_metadata_tags,
