@@ -73,7 +73,7 @@ def up() -> Iterator[Up]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-c", "from roost.up.cli import up; up()", "--nodes", "2",
-             "--driver", "process", "--isolation", "none", "--port", "0", "--nats-port", "0",
+             "--driver", "process", "--port", "0", "--nats-port", "0",
              "--postgres-port", "0", "--controller-port", str(free_port()), "--no-dashboard",
              "--log-level", "DEBUG", "--data-dir", str(data)],
             stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -84,6 +84,7 @@ def up() -> Iterator[Up]:
         values = _env(data / "env")
         u = Up(data, log, values, values["ROOST_CONTROLLER_URL"], nats_url)
         yield u
+        asyncio.run(_no_instance_left(u))
     finally:
         os.kill(proc.pid, signal.SIGINT)
         try:
@@ -92,6 +93,31 @@ def up() -> Iterator[Up]:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def _no_instance_left(up: Up) -> None:
+    """Pools capped at 0 (so the controller launches nothing more), then every instance
+    terminated and waited for: a node that stops leaves its instances running, by
+    design, so the test ends its own workers before it stops `roost up`."""
+    db = await open_db(up.env["ROOST_DSN"])
+    try:
+        for spec in await pools_q.list_pools(db):
+            await pools_q.update_pool(db, spec.pool_id, min_replicas=0, max_replicas=0)
+    finally:
+        await db.close()
+    ec2 = boto3.client("ec2", endpoint_url=up.env["AWS_ENDPOINT_URL_EC2"],
+                       region_name=up.env["AWS_DEFAULT_REGION"],
+                       aws_access_key_id=up.env["AWS_ACCESS_KEY_ID"],
+                       aws_secret_access_key=up.env["AWS_SECRET_ACCESS_KEY"])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        live = [i["InstanceId"] for r in ec2.describe_instances()["Reservations"]
+                for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+        if not live:
+            return
+        ec2.terminate_instances(InstanceIds=live)
+        await asyncio.sleep(1.0)
+    raise AssertionError(f"instances still live after 60 s: {live}")
 
 
 async def _refused(url: str, **auth: str) -> str:
