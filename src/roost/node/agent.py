@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 St = InstanceState
 ORDERS_EVERY = 20.0
 """Seconds (at least ten heartbeats) between two reads of a node's orders while it runs."""
+ORDERS_READ_TIMEOUT = 10.0
+"""Seconds one read of the orders may take; past it the node starts (or beats) without
+them and reads them again later."""
 
 
 @dataclass
@@ -210,17 +213,19 @@ class NodeAgent:
             watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id),
                                                   ignore_deletes=True)
             try:
-                async for entry in watcher:
-                    if entry is None:  # the current contents are all in
-                        break
-                    what = entry.key.partition(".")[2]
-                    if what == subjects.FORGOTTEN:
-                        forgotten = True
-                        continue
-                    try:
-                        orders[what] = s.decode(entry.value or b"", s.NodeOrder)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        log.error("node %s: unreadable order %s", self.node_id, entry.key)
+                async with asyncio.timeout(ORDERS_READ_TIMEOUT):  # a bus that stalls
+                    async for entry in watcher:
+                        if entry is None:  # the current contents are all in
+                            break
+                        what = entry.key.partition(".")[2]
+                        if what == subjects.FORGOTTEN:
+                            forgotten = True
+                            continue
+                        try:
+                            orders[what] = s.decode(entry.value or b"", s.NodeOrder)
+                        except (msgspec.DecodeError, msgspec.ValidationError):
+                            log.error("node %s: unreadable order %s", self.node_id,
+                                      entry.key)
             finally:
                 await watcher.stop()  # type: ignore[no-untyped-call]
         except BUS_DOWN as exc:  # read again at the next heartbeat that reads them
@@ -228,8 +233,12 @@ class NodeAgent:
             return
         await asyncio.gather(*(self._carry_out(iid, o) for iid, o in orders.items()))
         if forgotten:
-            await self._orders_kv.delete(subjects.node_order(self.node_id,
-                                                             subjects.FORGOTTEN))
+            try:
+                await self._orders_kv.delete(subjects.node_order(self.node_id,
+                                                                 subjects.FORGOTTEN))
+            except BUS_DOWN as exc:  # the marker stays; the next read deletes it
+                log.warning("node %s: its forgotten mark could not be cleared (%r)",
+                            self.node_id, exc)
             log.warning("node %s had been forgotten (roost node forget): it rejoins with "
                         "%d instances", self.node_id, len(self.ledger.allocations))
 
