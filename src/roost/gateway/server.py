@@ -50,6 +50,13 @@ from roost.gateway.volumes import VolumeStore
 log = logging.getLogger(__name__)
 
 
+
+def endpoint_url(host: str, port: int) -> str:
+    """The URL a client on this host uses for a gateway bound to ``host``: a wildcard
+    bind is reached through loopback."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{shown}:{port}"
+
 @dataclass(frozen=True)
 class GatewayConfig:
     nats_urls: Sequence[str]
@@ -137,9 +144,7 @@ class Gateway:
 
     @property
     def endpoint(self) -> str:
-        host = self.config.host
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        return f"http://{shown}:{self.port}"
+        return endpoint_url(self.config.host, self.port)
 
     async def start(self, *, sync_timeout: float = 15.0) -> None:
         cfg = self.config

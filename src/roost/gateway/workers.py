@@ -45,7 +45,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from roost.gateway.metrics import merged_registry
-from roost.gateway.server import GatewayConfig
+from roost.gateway.server import GatewayConfig, endpoint_url
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,7 @@ class GatewayPool:
 
     @property
     def endpoint(self) -> str:
-        host = self.config.host
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        return f"http://{shown}:{self.port}"
+        return endpoint_url(self.config.host, self.port)
 
     @property
     def workers(self) -> int:
