@@ -57,6 +57,7 @@ def endpoint_url(host: str, port: int) -> str:
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return f"http://{shown}:{port}"
 
+
 @dataclass(frozen=True)
 class GatewayConfig:
     nats_urls: Sequence[str]
