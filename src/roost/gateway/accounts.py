@@ -120,6 +120,12 @@ def _unavailable(exc: BaseException) -> ServiceUnavailable:
 class AccountStore:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
+        self._waiting: dict[str, list[tuple[Callable[[Usage], Usage],
+                                            asyncio.Future[Usage]]]] = {}
+        """Account -> usage edits waiting for the next write (`change_usage`)."""
+        self._writers: dict[str, asyncio.Task[None]] = {}
+        self._usage_at: dict[str, tuple[int, Usage]] = {}
+        """Account -> the usage revision this store last read or wrote, and its value."""
 
     async def _get(self, key: str) -> tuple[int, bytes] | None:
         try:
@@ -228,26 +234,87 @@ class AccountStore:
 
     async def change_usage(self, account_id: str, edit: Callable[[Usage], Usage]) -> Usage:
         """Apply ``edit`` with compare-and-set on the revision: two gateways reserving at
-        once cannot both pass a check the other's reservation would have failed."""
+        once cannot both pass a check the other's reservation would have failed.
+
+        Changes of one account made at once through this store are written together, as
+        one compare-and-set (a group commit): each launch and each release is a change of
+        the same key, so one write per change would make them race each other, each
+        lost race another read and write. Edits run in the order they came, each on what
+        the one before it left; one that raises fails only its own caller. The revision
+        this store last wrote is the first guess at the current one, so a gateway alone
+        on an account reads the key only after another writer moved it; a batch that
+        would write nothing on that guess (a refusal, a release already made) is judged
+        again on a fresh read, as only a write checks the guess."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Usage] = loop.create_future()
+        waiting = self._waiting.setdefault(account_id, [])
+        waiting.append((edit, done))
+        if account_id not in self._writers:
+            writer = loop.create_task(self._write_usage(account_id),
+                                      name=f"usage-{account_id}")
+            self._writers[account_id] = writer
+        return await done
+
+    async def _write_usage(self, account_id: str) -> None:
+        """Write the edits waiting for ``account_id`` in batches until none wait."""
+        try:
+            while batch := self._waiting.pop(account_id, []):
+                try:
+                    outcomes = await self._commit_usage(account_id, batch)
+                except ServiceUnavailable as exc:
+                    outcomes = [exc] * len(batch)
+                for (_, done), outcome in zip(batch, outcomes, strict=True):
+                    if done.done():
+                        continue  # its caller gave up (what it asked may still be written)
+                    if isinstance(outcome, BaseException):
+                        done.set_exception(outcome)
+                    else:
+                        done.set_result(outcome)
+        finally:
+            self._writers.pop(account_id, None)
+
+    async def _commit_usage(self, account_id: str,
+                            batch: list[tuple[Callable[[Usage], Usage], asyncio.Future[Usage]]]
+                            ) -> list[Usage | Exception]:
+        """One compare-and-set of every edit of ``batch``; each edit's outcome, in order."""
         key = f"usage.{account_id}"
         for _ in range(_RETRIES):
             try:
-                found = await self._get(key)
-                rev, current = (0, Usage()) if found is None else (
-                    found[0], msgspec.json.decode(found[1], type=Usage))
-                updated = edit(current)
+                known = self._usage_at.pop(account_id, None)
+                fresh = known is None
+                if known is None:
+                    found = await self._get(key)
+                    known = (0, Usage()) if found is None else (
+                        found[0], msgspec.json.decode(found[1], type=Usage))
+                rev, current = known
+                outcomes: list[Usage | Exception] = []
+                updated = current
+                for edit, done in batch:
+                    if done.done():
+                        outcomes.append(current)  # its caller gave up: not applied
+                        continue
+                    try:
+                        updated = edit(updated)
+                    except Exception as exc:  # the caller's own (a limit it passes)
+                        outcomes.append(exc)
+                    else:
+                        outcomes.append(updated)
                 if updated == current and rev:
-                    return updated  # nothing to change (another gateway released it)
+                    if not fresh:
+                        continue  # judged on what this store wrote last: read what is
+                    self._usage_at[account_id] = known
+                    return outcomes  # nothing to change (another gateway released it)
                 data = msgspec.json.encode(updated)
                 if rev:
-                    await self.kv.update(key, data, last=rev)
+                    written = await self.kv.update(key, data, last=rev)
                 else:
-                    await self.kv.create(key, data)
+                    written = await self.kv.create(key, data)
             except nats.js.errors.KeyWrongLastSequenceError:
-                continue
+                continue  # another gateway wrote first: read what it wrote
             except BUS_DOWN as exc:
                 raise _unavailable(exc) from None
-            return updated
+            self._usage_at[account_id] = (written, updated)
+            return outcomes
         raise ServiceUnavailable(f"Quota usage of {account_id} is changing too fast; retry.")
 
 
