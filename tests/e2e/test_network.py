@@ -4,6 +4,7 @@ root volumes, each action's success path and each error code it answers."""
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -121,6 +122,34 @@ def test_addresses_are_distinct(ec2: Any) -> None:
     ips = [i["PrivateIpAddress"] for i in insts]
     assert len(set(ips)) == 6
     ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in insts])
+
+
+def test_addresses_of_terminated_instances_are_claimed_again(ec2: Any) -> None:
+    """A /28 holds 11 usable addresses: full, it refuses a 12th; its instances
+    terminated, the same 11 are claimed again (over the deletes that freed them)."""
+    vpc = ec2.create_vpc(CidrBlock="10.41.0.0/16")["Vpc"]["VpcId"]
+    sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.41.0.0/28")["Subnet"]["SubnetId"]
+    first = run(ec2, 11, itype="m1.small", SubnetId=sub)  # one vCPU each: all fit
+    fails("InsufficientFreeAddressesInSubnet", run, ec2, itype="m1.small", SubnetId=sub)
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in first])
+    for inst in first:
+        wait_state(ec2, inst["InstanceId"], "terminated", timeout=30)
+    deadline = time.monotonic() + 30
+    while True:  # each gateway gives an address back once it sees the instance end
+        try:
+            again = run(ec2, 11, itype="m1.small", SubnetId=sub)
+            break
+        except ClientError as exc:
+            assert exc.response["Error"]["Code"] == "InsufficientFreeAddressesInSubnet"
+            assert time.monotonic() < deadline, "the addresses never came back"
+            time.sleep(0.2)
+    assert sorted(i["PrivateIpAddress"] for i in again) == sorted(
+        i["PrivateIpAddress"] for i in first)
+    ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in again])
+    for inst in again:
+        wait_state(ec2, inst["InstanceId"], "terminated", timeout=30)
+    ec2.delete_subnet(SubnetId=sub)
+    ec2.delete_vpc(VpcId=vpc)
 
 
 def test_vpc_and_subnet_lifecycle(ec2: Any) -> None:

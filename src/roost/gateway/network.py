@@ -131,6 +131,9 @@ class NetworkStore:
         self._names: dict[str, str] = {}  # name key -> group id
         self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
         self._pending: dict[str, set[int]] = {}
+        self._freed: dict[str, dict[int, int]] = {}
+        """Subnet -> address -> the revision of the delete that freed it: claimed again
+        over that revision in one write (a create of a deleted key costs three)."""
         self.instance_groups: dict[str, list[str]] = {}
         """``igroups.<instance id>`` -> the groups ModifyInstanceAttribute set."""
         self._key_pairs: dict[tuple[str, str], KeyPair] = {}  # (owner, name) ->
@@ -380,10 +383,17 @@ class NetworkStore:
             if wanted and (n in taken or n in pending):
                 raise InvalidIPAddressInUse(f"Address {ip} is in use.")
             pending.add(n)
+            freed = self._freed.get(subnet.subnet_id, {})
+            last = freed.get(n, 0)
+            key = address_key(subnet.subnet_id, ip)
             try:
-                rev = await self._kvs["addresses"].create(address_key(subnet.subnet_id, ip),
-                                                          claim)
+                if last:
+                    rev = await self._kvs["addresses"].update(key, claim, last=last)
+                else:
+                    rev = await self._kvs["addresses"].create(key, claim)
             except nats.js.errors.KeyWrongLastSequenceError:
+                if freed.pop(n, None) is not None:
+                    continue  # the delete seen here was not the last word: ask anew
                 if wanted:
                     raise InvalidIPAddressInUse(f"Address {ip} is in use.") from None
                 tried.add(n)
@@ -503,10 +513,16 @@ class NetworkStore:
                 subnet_id, _, dotted = key.partition(".")
                 n = int(ipaddress.IPv4Address(dotted.replace("_", ".")))
                 held = self._addresses.setdefault(subnet_id, {})
+                freed = self._freed.setdefault(subnet_id, {})
                 if removed:
                     held.pop(n, None)
+                    if entry.operation == KV_DEL:
+                        freed[n] = rev
+                    else:
+                        freed.pop(n, None)
                 else:
                     held[n] = (rev, msgspec.json.decode(value, type=AddressClaim))
+                    freed.pop(n, None)
             elif what == "key_pairs":
                 owner, name = _key_pair_name(key)
                 if "." not in key:

@@ -150,18 +150,18 @@ class VolumeStore:
         return vol
 
     def instance_gone(self, rec: InstanceRecord) -> None:
-        """An instance terminated: volumes it keeps become available on their own, the
-        others are deleted (in the background; every gateway may try, the writes are
-        conditional)."""
+        """An instance terminated: volumes it keeps become available on their own
+        (stored, in the background; every gateway may try, the writes are conditional);
+        the others need no write, as `derived` leaves them out once it has ended."""
         self._chore(self._settle(rec))
 
     async def _settle(self, rec: InstanceRecord) -> None:
         live = msgspec.structs.replace(rec, state="running")
         try:
             for vol, delete in launch_volumes(live):
-                if vol.volume_id in self._stored:
-                    continue
-                kept = msgspec.structs.replace(vol, attachment=None, deleted=delete)
+                if delete or vol.volume_id in self._stored:
+                    continue  # a deleted one is not derived from a terminated record
+                kept = msgspec.structs.replace(vol, attachment=None)
                 try:
                     await self.put(kept)
                 except ServiceUnavailable:
