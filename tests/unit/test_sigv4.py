@@ -88,3 +88,14 @@ def test_content_hash_header_must_match_body() -> None:
                           [*req.headers, ("x-amz-content-sha256", "0" * 64)], req.body)
     with pytest.raises(AuthFailure):
         verifier().verify(lying)
+
+
+@pytest.mark.parametrize("stamp", ["20261201T1200Z", "2026-12-01T12:00:00Z",
+                                   "20261201T12000\u0660Z", "20261301T120000Z", "20261201 120000Z"])
+def test_a_malformed_amz_date_is_refused(stamp: str) -> None:
+    req = sign()
+    bad = SignedRequest(req.method, req.path, req.query,
+                        [(k, stamp if k == "x-amz-date" else v) for k, v in req.headers],
+                        req.body)
+    with pytest.raises(AuthFailure, match="X-Amz-Date"):
+        verifier().verify(bad)
