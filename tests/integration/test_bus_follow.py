@@ -1,14 +1,16 @@
 """`follow_bucket` against a real JetStream: a mirror that outlives its bucket being
-deleted and created again, and picks up the new bucket's first entries at once."""
+deleted and created again, and picks up the new bucket's first entries at once; and
+`last_values`, the batched read of one prefix that makes no consumer."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
 from nats.js.kv import KeyValue
 
-from roost.bus.connect import connect, follow_bucket, key_value
+from roost.bus.connect import NoDirectGet, connect, follow_bucket, key_value, last_values
 from roost.embedded import NatsServer
 
 
@@ -45,4 +47,28 @@ async def test_a_bucket_deleted_and_created_again_is_followed_at_once(
     finally:
         follower.cancel()
         await asyncio.gather(follower, return_exceptions=True)
+        await nc.close()
+
+
+async def test_last_values_reads_one_prefix_without_a_consumer(
+        nats_server: NatsServer) -> None:
+    nc = await connect([nats_server.url], name="last-values-test")
+    try:
+        kv = await key_value(nc, "orders_test", direct=True)
+        await kv.put("node-1.i-a", b"1")
+        await kv.put("node-1.i-b", b"2")
+        await kv.put("node-10.i-c", b"other node")
+        await kv.put("node-1.i-a", b"1 again")
+        await kv.delete("node-1.i-b")
+        found = await last_values(nc, "orders_test", "node-1.>", timeout=5)
+        assert found == {"node-1.i-a": b"1 again"}
+        assert await last_values(nc, "orders_test", "node-2.>", timeout=5) == {}
+        info = await nc.jetstream().stream_info("KV_orders_test")
+        assert info.state.consumer_count == 0
+
+        plain = await key_value(nc, "orders_plain")  # made without direct gets
+        await plain.put("node-1.i-a", b"1")
+        with pytest.raises(NoDirectGet):
+            await last_values(nc, "orders_plain", "node-1.>", timeout=5)
+    finally:
         await nc.close()

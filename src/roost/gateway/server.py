@@ -167,7 +167,7 @@ class Gateway:
         view = CapacityView(loop.time, full_after=cfg.full_after)
         await nc.subscribe(subjects.CAPACITY_ALL, cb=self._on_capacity(view))
         nodes = NodeClient(nc, timeout=cfg.launch_timeout)
-        orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET)
+        orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET, direct=True)
         self._index = index = InstanceIndex(records, tags, user_data, orders)
         index.on_forgotten = view.forget
 

@@ -27,7 +27,7 @@ from nats.js.kv import KeyValue
 from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.auth import NatsAuth
-from roost.bus.connect import connect, key_value
+from roost.bus.connect import NoDirectGet, connect, key_value, last_values
 from roost.bus.failures import BUS_DOWN
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
@@ -162,7 +162,7 @@ class NodeAgent:
         self._nc = await connect(self.config.nats_urls, name=f"roost-node-{self.node_id}",
                                  auth=self.config.nats_auth)
         self._kv = await key_value(self._nc, subjects.INSTANCES_BUCKET)
-        self._orders_kv = await key_value(self._nc, subjects.NODE_ORDERS_BUCKET)
+        self._orders_kv = await key_value(self._nc, subjects.NODE_ORDERS_BUCKET, direct=True)
         await self._read_orders()
         for rec in self._records.values():
             await self._publish(rec.instance_id)
@@ -205,32 +205,32 @@ class NodeAgent:
 
         A read, not a standing watch: a watch is a JetStream consumer per node on one
         stream, and a stream takes at most about a thousand of them, which would cap a
-        cluster's nodes (found by `roost bench scale` at 1,000 nodes)."""
-        assert self._orders_kv is not None
+        cluster's nodes (found by `roost bench scale` at 1,000 nodes). The read is one
+        batched direct get, which makes no consumer either (so a thousand nodes reading
+        at once is no thousand consumers); a bucket made without direct gets is read
+        through a short-lived watch."""
+        assert self._orders_kv is not None and self._nc is not None
         orders: dict[str, s.NodeOrder] = {}
         forgotten = False
         try:
-            watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id),
-                                                  ignore_deletes=True)
             try:
-                async with asyncio.timeout(ORDERS_READ_TIMEOUT):  # a bus that stalls
-                    async for entry in watcher:
-                        if entry is None:  # the current contents are all in
-                            break
-                        what = entry.key.partition(".")[2]
-                        if what == subjects.FORGOTTEN:
-                            forgotten = True
-                            continue
-                        try:
-                            orders[what] = s.decode(entry.value or b"", s.NodeOrder)
-                        except (msgspec.DecodeError, msgspec.ValidationError):
-                            log.error("node %s: unreadable order %s", self.node_id,
-                                      entry.key)
-            finally:
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                found = await last_values(self._nc, subjects.NODE_ORDERS_BUCKET,
+                                          subjects.node_orders(self.node_id),
+                                          timeout=ORDERS_READ_TIMEOUT)
+            except NoDirectGet:
+                found = await self._watch_orders()
         except BUS_DOWN as exc:  # read again at the next heartbeat that reads them
             log.warning("node %s: its orders could not be read (%r)", self.node_id, exc)
             return
+        for key, value in found.items():
+            what = key.partition(".")[2]
+            if what == subjects.FORGOTTEN:
+                forgotten = True
+                continue
+            try:
+                orders[what] = s.decode(value, s.NodeOrder)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                log.error("node %s: unreadable order %s", self.node_id, key)
         await asyncio.gather(*(self._carry_out(iid, o) for iid, o in orders.items()))
         if forgotten:
             try:
@@ -241,6 +241,23 @@ class NodeAgent:
                             self.node_id, exc)
             log.warning("node %s had been forgotten (roost node forget): it rejoins with "
                         "%d instances", self.node_id, len(self.ledger.allocations))
+
+    async def _watch_orders(self) -> dict[str, bytes]:
+        """This node's orders read through a watch (key -> value), for a bucket that
+        answers no direct gets."""
+        assert self._orders_kv is not None
+        found: dict[str, bytes] = {}
+        watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id),
+                                              ignore_deletes=True)
+        try:
+            async with asyncio.timeout(ORDERS_READ_TIMEOUT):  # a bus that stalls
+                async for entry in watcher:
+                    if entry is None:  # the current contents are all in
+                        break
+                    found[entry.key] = entry.value or b""
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return found
 
     async def _carry_out(self, instance_id: str, order: s.NodeOrder) -> None:
         """Terminate ``instance_id`` as ``order`` says, then delete the order. Delivered

@@ -41,7 +41,7 @@ async def forget_node(nc: Client, node_id: str, *, listen: float) -> Forgotten:
     subjects.check_node_id(node_id)
     await _refuse_if_alive(nc, node_id, listen)
     records = await key_value(nc, subjects.INSTANCES_BUCKET)
-    orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET)
+    orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET, direct=True)
     at = s.now_iso()
     note = (f"The host of node {node_id} was declared lost by an operator (roost node "
             f"forget) at {at}")
