@@ -7,6 +7,7 @@ Recorded, not enforced: no packet is routed or filtered by any of this (docs/gat
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -410,15 +411,33 @@ class NetworkService:
 
     async def place(self, subnet: Subnet, launch_ids: Sequence[str], wanted: str = ""
                     ) -> list[str]:
-        """One address per launch id; on a failure the ones taken are given back."""
-        taken: list[str] = []
-        try:
-            for i, lid in enumerate(launch_ids):
-                taken.append(await self.store.allocate(subnet, lid, wanted if i == 0 else ""))
-        except BaseException:
+        """One address per launch id, claimed at once (the store keeps this gateway's
+        concurrent claims on different addresses); on a failure the ones taken are
+        given back."""
+        got = await asyncio.gather(
+            *(self.store.allocate(subnet, lid, wanted if i == 0 else "")
+              for i, lid in enumerate(launch_ids)), return_exceptions=True)
+        taken = [ip if isinstance(ip, str) else "" for ip in got]
+        failed = next((e for e in got if isinstance(e, BaseException)), None)
+        if failed is not None:
             await self.release(subnet, launch_ids, taken)
-            raise
+            raise failed
         return taken
+
+    async def place_both(self, subnet: Subnet, network: InstanceNetwork,
+                         launch_ids: Sequence[str], wanted: str = ""
+                         ) -> tuple[list[str], list[str]]:
+        """`place` and `place_public` at once; on a failure of either, both given back."""
+        private, public = await asyncio.gather(
+            self.place(subnet, launch_ids, wanted), self.place_public(network, launch_ids),
+            return_exceptions=True)
+        if isinstance(private, BaseException) or isinstance(public, BaseException):
+            if isinstance(private, list):
+                await self.release(subnet, launch_ids, private)
+            if isinstance(public, list):
+                await self.release(self.store.public_pool, launch_ids, public)
+            raise private if isinstance(private, BaseException) else public  # type: ignore[misc]
+        return private, public
 
     async def release(self, subnet: Subnet, launch_ids: Sequence[str],
                       addresses: Sequence[str]) -> None:

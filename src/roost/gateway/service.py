@@ -211,13 +211,10 @@ class Ec2Service:
         launches = [self._launch_request(req, rid, i, owner) for i in range(count)]
         launch_ids = [launch.launch_id for launch in launches]
         started = asyncio.get_running_loop().time()
-        addresses: list[str] = []
         try:
-            addresses = await self.net.place(target.subnet, launch_ids,
-                                             req.network.private_ip)
-            publics = await self.net.place_public(target.network, launch_ids)
+            addresses, publics = await self.net.place_both(
+                target.subnet, target.network, launch_ids, req.network.private_ip)
         except Exception:
-            await self.net.release(target.subnet, launch_ids, addresses)
             await self._settle(owner, rid, itype, [])
             if claim is not None:
                 await self.tokens.release(claim)
