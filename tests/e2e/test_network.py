@@ -125,10 +125,13 @@ def test_addresses_are_distinct(ec2: Any) -> None:
 
 
 def test_addresses_of_terminated_instances_are_claimed_again(ec2: Any) -> None:
-    """A /28 holds 11 usable addresses: full, it refuses a 12th; its instances
-    terminated, the same 11 are claimed again (over the deletes that freed them)."""
+    """A /28 holds 11 usable addresses: a launch of 12 takes none, 11 fit, a 12th is
+    refused; their instances terminated, the same 11 are claimed again (over the
+    deletes that freed them)."""
     vpc = ec2.create_vpc(CidrBlock="10.41.0.0/16")["Vpc"]["VpcId"]
     sub = ec2.create_subnet(VpcId=vpc, CidrBlock="10.41.0.0/28")["Subnet"]["SubnetId"]
+    # 12 at once do not fit: the 11 claimed on the way are given back at once.
+    fails("InsufficientFreeAddressesInSubnet", run, ec2, 12, itype="m1.small", SubnetId=sub)
     first = run(ec2, 11, itype="m1.small", SubnetId=sub)  # one vCPU each: all fit
     fails("InsufficientFreeAddressesInSubnet", run, ec2, itype="m1.small", SubnetId=sub)
     ec2.terminate_instances(InstanceIds=[i["InstanceId"] for i in first])
