@@ -9,7 +9,9 @@ that does only what moto's server does beside EC2:
 
 - ``POST /moto-api/reset`` (every ``mock_aws`` context starts with it) empties the
   cluster through the EC2 API: it terminates every instance and deletes what moto's tests
-  create (key pairs, launch templates, volumes, security groups, subnets, VPCs);
+  create (key pairs, launch templates, volumes, security groups, subnets, VPCs), and
+  creates the default VPC and subnets again if a test deleted them, as a fresh account
+  has them;
 - STS ``GetCallerIdentity`` (the suite's ``account_id`` fixture) answers with the
   gateway's owner id: roost serves no STS;
 - moto's example AMIs are registered with roost as an operator would register them
@@ -154,6 +156,7 @@ class Target:
     key: str
     secret: str
     owner_id: str
+    zones: tuple[str, ...] = ()
     _client: Any = field(default=None, repr=False)
 
     def client(self) -> Any:
@@ -193,12 +196,24 @@ def reset(target: Target) -> None:
     for g in ec2.describe_security_groups()["SecurityGroups"]:
         if g["GroupName"] != "default":
             ec2.delete_security_group(GroupId=g["GroupId"])
+    defaults: set[str] = set()  # zones with a default subnet
     for s in ec2.describe_subnets()["Subnets"]:
-        if not s.get("DefaultForAz"):
+        if s.get("DefaultForAz"):
+            defaults.add(s["AvailabilityZone"])
+        else:
             ec2.delete_subnet(SubnetId=s["SubnetId"])
+    default_vpc = False
     for v in ec2.describe_vpcs()["Vpcs"]:
-        if not v.get("IsDefault"):
+        if v.get("IsDefault"):
+            default_vpc = True
+        else:
             ec2.delete_vpc(VpcId=v["VpcId"])
+    # A fresh account has its default VPC and subnets: a test may have deleted them.
+    if not default_vpc:
+        ec2.create_default_vpc()
+    elif missing := [z for z in target.zones if z not in defaults]:
+        for zone in missing:
+            ec2.create_default_subnet(AvailabilityZone=zone)
 
 
 _SCOPE = re.compile(r"Credential=[^/,]+/\d{8}/([a-z0-9-]+)/")

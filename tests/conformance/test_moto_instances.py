@@ -54,7 +54,7 @@ def regions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Thre
 def test_moto_instances_conformance(moto_suite: Path, regions: dict[str, ThreadedCluster]
                                     ) -> None:
     targets = {region: moto_peer.Target(c.endpoint, region, c.key, c.secret,
-                                        moto_peer.MOTO_ACCOUNT)
+                                        moto_peer.MOTO_ACCOUNT, moto_peer.REGIONS[region])
                for region, c in regions.items()}
     workdir = regions["us-east-1"].spec.data_dir
     with moto_peer.shim(targets, workdir) as (endpoint, reset_errors):

@@ -147,9 +147,10 @@ class Ec2Reads:
     def describe_account_attributes(self, names: tuple[str, ...]
                                     ) -> list[tuple[str, list[str]]]:
         site = self.service.site
+        store = self.service.net.store
         known = {
             "supported-platforms": ["VPC"],
-            "default-vpc": [self.service.net.store.default_vpc.vpc_id],
+            "default-vpc": [store.default_vpc.vpc_id if store.has_default_vpc else "none"],
             "max-instances": [str(site.max_instances_per_request)],
             "vpc-max-security-groups-per-interface": ["5"],
             "max-elastic-ips": ["0"],
