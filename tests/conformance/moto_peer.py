@@ -289,8 +289,9 @@ class _Shim(BaseHTTPRequestHandler):
 @contextmanager
 def shim(targets: Mapping[str, Target], workdir: Path) -> Iterator[tuple[str, list[str]]]:
     """A loopback shim in front of one cluster per region (``targets``): its URL, and the
-    errors its resets met. moto's example AMIs are registered first in each region
-    (`register_examples`, files in ``workdir``)."""
+    errors it met (a reset that failed, a request for a region with no cluster). moto's
+    example AMIs are registered first in each region (`register_examples`, files in
+    ``workdir``)."""
     errors: list[str] = []
     handler = type("Shim", (_Shim,), {
         "targets": targets, "errors": errors, "touched": set(targets),

@@ -57,7 +57,7 @@ def test_moto_instances_conformance(moto_suite: Path, regions: dict[str, Threade
                                         moto_peer.MOTO_ACCOUNT, moto_peer.REGIONS[region])
                for region, c in regions.items()}
     workdir = regions["us-east-1"].spec.data_dir
-    with moto_peer.shim(targets, workdir) as (endpoint, reset_errors):
+    with moto_peer.shim(targets, workdir) as (endpoint, shim_errors):
         outcome = moto_peer.run_suite(moto_suite, endpoint, targets["us-east-1"])
     print("moto test_instances.py:", moto_peer.summary(outcome))
     for name, why in outcome.failed.items():
@@ -66,7 +66,7 @@ def test_moto_instances_conformance(moto_suite: Path, regions: dict[str, Threade
     newly = sorted(set(outcome.passed) - expected)
     if newly:
         print("passing, not yet in", EXPECTED.name, ":", " ".join(newly))
-    assert not reset_errors, reset_errors
+    assert not shim_errors, shim_errors
     regressed = sorted(expected - set(outcome.passed))
     assert not regressed, f"expected passes that fail now: {regressed}"
     assert outcome.ran > 100, "the peer suite did not run (collection failed?)"
