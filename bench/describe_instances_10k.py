@@ -44,13 +44,27 @@ if hasattr(render, "Devices"):  # the volume lookup DescribeInstances makes per 
     from roost.gateway.volumes import VolumeStore
     devices = devices_of(VolumeService(VolumeStore(None, lambda: recs), None, list))
 
+try:  # reservations in launch order, paged as reservations (Ec2Reads.describe_instances)
+    from roost.gateway.reads import launch_order
+except ImportError:
+    launch_order = None
+
+
 def once(filters):
     chosen = apply_filters(recs, filters, INSTANCE_FIELDS, tags=lambda r: r.tags)
-    page = paginate(chosen, Page(), key=lambda r: r.instance_id)
-    grouped = {}
-    for r in page.items:
-        grouped.setdefault(r.reservation_id, []).append(r)
-    res = tuple(Reservation(k, "000000000000", tuple(v)) for k, v in grouped.items())
+    if launch_order is not None:
+        grouped = {}
+        for r in chosen:
+            grouped.setdefault(r.reservation_id, []).append(r)
+        rs = (Reservation(k, "000000000000", tuple(sorted(v, key=lambda r: r.ami_launch_index)))
+              for k, v in grouped.items())
+        res = paginate(rs, Page(), key=launch_order).items
+    else:
+        page = paginate(chosen, Page(), key=lambda r: r.instance_id)
+        grouped = {}
+        for r in page.items:
+            grouped.setdefault(r.reservation_id, []).append(r)
+        res = tuple(Reservation(k, "000000000000", tuple(v)) for k, v in grouped.items())
     if devices is not None:
         return render.describe_instances(Paged(res), types, "req", names, devices)
     if new:

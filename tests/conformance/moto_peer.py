@@ -9,12 +9,19 @@ that does only what moto's server does beside EC2:
 
 - ``POST /moto-api/reset`` (every ``mock_aws`` context starts with it) empties the
   cluster through the EC2 API: it terminates every instance and deletes what moto's tests
-  create (key pairs, launch templates, volumes, security groups, subnets, VPCs);
+  create (key pairs, launch templates, volumes, security groups, subnets, VPCs), and
+  creates the default VPC and subnets again if a test deleted them, as a fresh account
+  has them;
 - STS ``GetCallerIdentity`` (the suite's ``account_id`` fixture) answers with the
   gateway's owner id: roost serves no STS;
 - moto's example AMIs are registered with roost as an operator would register them
   (RegisterImage with their root device, ``/dev/sda1``), and their ids are mapped to
   the ids roost gave them on the way in and back on the way out.
+
+- as moto's server keeps one backend per region, the shim sends each request to the
+  roost cluster of the region it was signed for (the credential scope of its SigV4
+  ``Authorization`` header): one cluster per region, as an operator runs one per site,
+  each behind its own endpoint as EC2's regions are.
 
 Every other byte of a request reaches the gateway as the test sent it. The shim re-signs
 requests (SigV4, the cluster's keys) because mapping an AMI id changes the signed body.
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -56,6 +64,18 @@ SUITE_FILES = (
     "tests/test_ec2/helpers.py",
     MODULE,
 )
+
+REGIONS: Mapping[str, tuple[str, ...]] = {
+    "us-east-1": ("us-east-1a", "us-east-1b", "us-east-1c"),
+    "us-west-1": ("us-west-1a", "us-west-1b"),
+    "us-west-2": ("us-west-2a",),
+    "eu-central-1": ("eu-central-1a",),
+    "eu-west-1": ("eu-west-1a",),
+    "ap-south-1": ("ap-south-1a", "ap-south-1b", "ap-south-1c"),
+}
+"""The regions moto's instance tests sign their requests for, and the zones (one node
+each) of the roost cluster that serves each: moto's zones where a test names them
+(``us-west-1a``/``b``, ``ap-south-1b``/``c``), one zone elsewhere."""
 
 MOTO_ACCOUNT = "123456789012"
 """moto's default account id (``moto.core.DEFAULT_ACCOUNT_ID``): the cluster under test
@@ -136,6 +156,7 @@ class Target:
     key: str
     secret: str
     owner_id: str
+    zones: tuple[str, ...] = ()
     _client: Any = field(default=None, repr=False)
 
     def client(self) -> Any:
@@ -175,19 +196,35 @@ def reset(target: Target) -> None:
     for g in ec2.describe_security_groups()["SecurityGroups"]:
         if g["GroupName"] != "default":
             ec2.delete_security_group(GroupId=g["GroupId"])
+    defaults: set[str] = set()  # zones with a default subnet
     for s in ec2.describe_subnets()["Subnets"]:
-        if not s.get("DefaultForAz"):
+        if s.get("DefaultForAz"):
+            defaults.add(s["AvailabilityZone"])
+        else:
             ec2.delete_subnet(SubnetId=s["SubnetId"])
+    default_vpc = False
     for v in ec2.describe_vpcs()["Vpcs"]:
-        if not v.get("IsDefault"):
+        if v.get("IsDefault"):
+            default_vpc = True
+        else:
             ec2.delete_vpc(VpcId=v["VpcId"])
+    # A fresh account has its default VPC and subnets: a test may have deleted them.
+    if not default_vpc:
+        ec2.create_default_vpc()
+    elif missing := [z for z in target.zones if z not in defaults]:
+        for zone in missing:
+            ec2.create_default_subnet(AvailabilityZone=zone)
+
+
+_SCOPE = re.compile(r"Credential=[^/,]+/\d{8}/([a-z0-9-]+)/")
 
 
 class _Shim(BaseHTTPRequestHandler):
-    target: Target
+    targets: Mapping[str, Target]  # region -> its cluster
     pool: urllib3.PoolManager
     errors: list[str]
-    amis: Mapping[str, str]  # moto's id -> roost's
+    amis: Mapping[str, Mapping[str, str]]  # region -> moto's id -> roost's
+    touched: set[str]  # regions a request reached since the last reset
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -207,10 +244,13 @@ class _Shim(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path.startswith("/moto-api/reset"):
-            try:
-                reset(self.target)
-            except Exception as exc:  # shown in the report; the suite then runs on
-                self.errors.append(f"reset: {exc!r}")
+            # Only the regions used since the last reset have anything to empty.
+            for region in sorted(self.touched):
+                try:
+                    reset(self.targets[region])
+                except Exception as exc:  # shown in the report; the suite then runs on
+                    self.errors.append(f"reset {region}: {exc!r}")
+            self.touched.clear()
             self._answer(200, b'{"status": "ok"}', {"Content-Type": "application/json"})
             return
         self._forward()
@@ -219,32 +259,44 @@ class _Shim(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         form = parse_qs(body.decode(errors="replace"))
+        scope = _SCOPE.search(self.headers.get("Authorization") or "")
+        region = scope.group(1) if scope else ""
+        target = self.targets.get(region)
         if form.get("Action") == ["GetCallerIdentity"]:
-            xml = _STS_IDENTITY.format(account=self.target.owner_id, key=self.target.key)
+            anyone = next(iter(self.targets.values()))
+            xml = _STS_IDENTITY.format(account=anyone.owner_id, key=anyone.key)
             self._answer(200, xml.encode(), {"Content-Type": "text/xml"})
             return
-        body = _swap(body, self.amis)
-        url = self.target.endpoint + self.path
+        if target is None:
+            self.errors.append(f"a request signed for {region!r}, a region with no cluster")
+            self._answer(400, b"no cluster serves this region", {})
+            return
+        self.touched.add(region)
+        amis = self.amis[region]
+        body = _swap(body, amis)
+        url = target.endpoint + self.path
         headers = {k: v for k, v in self.headers.items()
                    if k.lower() in ("content-type", "user-agent")}
         request = AWSRequest(method=self.command, url=url, data=body, headers=headers)
-        SigV4Auth(Credentials(self.target.key, self.target.secret), "ec2",
-                  self.target.region).add_auth(request)
+        SigV4Auth(Credentials(target.key, target.secret), "ec2",
+                  target.region).add_auth(request)
         reply = self.pool.request(self.command, url, body=body,
                                   headers=dict(request.headers.items()), retries=False)
-        back = {v: k for k, v in self.amis.items()}
+        back = {v: k for k, v in amis.items()}
         self._answer(reply.status, _swap(reply.data, back), dict(reply.headers))
 
 
 @contextmanager
-def shim(target: Target, workdir: Path) -> Iterator[tuple[str, list[str]]]:
-    """A loopback shim in front of ``target``: its URL, and the errors its resets met.
-    moto's example AMIs are registered first (`register_examples`, files in
+def shim(targets: Mapping[str, Target], workdir: Path) -> Iterator[tuple[str, list[str]]]:
+    """A loopback shim in front of one cluster per region (``targets``): its URL, and the
+    errors it met (a reset that failed, a request for a region with no cluster). moto's
+    example AMIs are registered first in each region (`register_examples`, files in
     ``workdir``)."""
     errors: list[str] = []
-    handler = type("Shim", (_Shim,), {"target": target, "errors": errors,
-                                      "amis": register_examples(target, workdir),
-                                      "pool": urllib3.PoolManager(maxsize=8)})
+    handler = type("Shim", (_Shim,), {
+        "targets": targets, "errors": errors, "touched": set(targets),
+        "amis": {region: register_examples(t, workdir) for region, t in targets.items()},
+        "pool": urllib3.PoolManager(maxsize=8)})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

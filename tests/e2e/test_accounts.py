@@ -122,11 +122,12 @@ ABOUT: dict[str, list[dict[str, str]]] = {
     "DeregisterImage": [{"ImageId": "{ami}"}],
     "RegisterImage": [{"Name": "{aminame}", "ImageLocation": "{disk}"}],
 }
-# Actions about no account's resource: the region, its catalog and images. Every
-# account gets the same answer.
+# Actions about no account's resource: the region, its catalog and images, its shared
+# default VPC (which only an admin key may delete or create again). Every account gets
+# the same answer.
 SHARED = {"DescribeAvailabilityZones", "DescribeRegions",
           "DescribeInstanceTypes", "DescribeInstanceTypeOfferings",
-          "DescribeAccountAttributes"}
+          "DescribeAccountAttributes", "CreateDefaultVpc", "CreateDefaultSubnet"}
 # Listings without ids: B's shows none of A's ids, the admin's shows them.
 LISTINGS = ["DescribeImages", "DescribeInstances", "DescribeInstanceStatus", "DescribeTags",
             "DescribeVpcs", "DescribeSubnets", "DescribeSecurityGroups", "DescribeKeyPairs",
@@ -329,6 +330,25 @@ def test_listings_show_only_the_callers_own_and_the_admin_sees_all(tenants: Tena
     assert admin.describe_instance_attribute(
         InstanceId=t.ids["i"], Attribute="userData")["UserData"]["Value"]
     assert "a-key" in {k["KeyName"] for k in admin.describe_key_pairs()["KeyPairs"]}
+
+
+def test_only_an_admin_deletes_or_creates_the_shared_defaults(tenants: Tenants) -> None:
+    """The region's default VPC and default subnets are every account's: an account's
+    key may neither delete them nor create them again (an admin's may)."""
+    t = tenants
+    b = t.client(t.b)
+    (vpc,) = b.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    (subnet, *_) = b.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    for call, kw in ((b.delete_subnet, {"SubnetId": subnet["SubnetId"]}),
+                     (b.delete_vpc, {"VpcId": vpc["VpcId"]}), (b.create_default_vpc, {}),
+                     (b.create_default_subnet, {"AvailabilityZone": t.ids["zone"]})):
+        with pytest.raises(ClientError) as exc:
+            call(**kw)
+        assert exc.value.response["Error"]["Code"] == "OperationNotPermitted", call
+    with pytest.raises(ClientError) as exc:  # the admin's: the VPC still has subnets
+        t.client(t.admin).delete_vpc(VpcId=vpc["VpcId"])
+    assert exc.value.response["Error"]["Code"] == "DependencyViolation"
 
 
 def test_a_client_token_belongs_to_its_account(tenants: Tenants) -> None:

@@ -84,17 +84,21 @@ def test_run_describe_tag_stop_start_terminate(ec2: Any) -> None:
 
 
 def test_describe_through_the_paginator(ec2: Any) -> None:
-    launched = {i["InstanceId"] for i in run(ec2, 7, itype="t3.nano")}
+    # Six reservations, the first of three instances: pages count reservations, in
+    # launch order, and never split one.
+    mine = [[i["InstanceId"] for i in run(ec2, n, itype="t3.nano")] for n in (3, 1, 1, 1, 1, 1)]
     pages = ec2.get_paginator("describe_instances").paginate(
         Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}],
         PaginationConfig={"PageSize": 5},
     )
-    seen, count = [], 0
+    seen: list[list[str]] = []
+    sizes = []
     for page in pages:
-        count += 1
-        seen += [i["InstanceId"] for r in page["Reservations"] for i in r["Instances"]]
-    assert count >= 2 and len(seen) == len(set(seen)) and launched <= set(seen)
-    ec2.terminate_instances(InstanceIds=sorted(launched))
+        sizes.append(len(page["Reservations"]))
+        seen += [[i["InstanceId"] for i in r["Instances"]] for r in page["Reservations"]]
+    assert len(sizes) >= 2 and max(sizes) <= 5 and sizes[0] == 5, sizes
+    assert [r for r in seen if r in mine] == mine  # whole, once each, as launched
+    ec2.terminate_instances(InstanceIds=[i for r in mine for i in r])
 
 
 def test_describe_instance_types_lists_full_types_too(ec2: Any) -> None:

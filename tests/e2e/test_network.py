@@ -58,7 +58,7 @@ def test_default_vpc_subnet_and_group(ec2: Any) -> None:
     fails("InvalidGroup.NotFound", ec2.describe_security_groups,
           GroupIds=["sg-0123456789abcdef0"])
     fails("InvalidParameterValue", ec2.describe_vpcs, Filters=[{"Name": "nope", "Values": ["x"]}])
-    fails("OperationNotPermitted", ec2.delete_vpc, VpcId=vpc["VpcId"])
+    fails("DependencyViolation", ec2.delete_vpc, VpcId=vpc["VpcId"])  # its default subnets
     fails("CannotDelete", ec2.delete_security_group, GroupId=group["GroupId"])
 
 

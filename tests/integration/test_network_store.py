@@ -136,3 +136,24 @@ async def test_group_names_are_unique_across_gateways(
             break
         await asyncio.sleep(0.05)
     assert b.group("sg-00000000000000001") == group
+
+
+async def test_two_gateways_deleting_a_default_subnet_one_wins(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    """Deleting, then creating again, the default subnet from two gateways at once: one
+    write wins each time, the other answers its ``already`` error; both mirrors agree."""
+    a, b = stores
+    subnet = a.default_subnet_for("roost-1a")
+    assert subnet is not None
+    for removed in (True, False):
+        outcomes = await asyncio.gather(
+            *(store.mark_removed(subnet, removed=removed, already=KeyError(removed))
+              for store in (a, b)), return_exceptions=True)
+        assert sorted(type(o).__name__ for o in outcomes) == ["KeyError", "Subnet"], outcomes
+        deadline = time.monotonic() + 10  # the winner's write reaches the other mirror
+        while (any(st.removed(subnet.subnet_id) is not removed for st in (a, b))  # noqa: ASYNC110
+               and time.monotonic() < deadline):
+            await asyncio.sleep(0.02)
+        for store in (a, b):
+            assert store.removed(subnet.subnet_id) is removed
+            assert (store.default_subnet_for("roost-1a") is None) is removed

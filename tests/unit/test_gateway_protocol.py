@@ -23,6 +23,7 @@ from roost.domain.errors import (
 from roost.gateway import render, xml
 from roost.gateway import requests as rq
 from roost.gateway.model import Paged, Reservation, StateChange
+from roost.gateway.netrequests import parse_launch_network
 from roost.gateway.query import Params, parse_form
 
 MODEL = botocore.session.get_session().get_service_model("ec2")
@@ -214,3 +215,28 @@ def test_error_envelope_escapes_and_strips_what_xml_cannot_carry() -> None:
     assert out["Error"]["Code"] == "InvalidParameterValue"
     assert out["Error"]["Message"] == 'bad <"x"> \ufffd & more'
     assert out["ResponseMetadata"]["RequestId"] == "rid"
+
+
+def test_interface_primary_private_address() -> None:
+    def nic(**spec: Any) -> Params:
+        return botocore_params("RunInstances", {
+            "ImageId": "ami-00000000000000001", "MinCount": 1, "MaxCount": 1,
+            "NetworkInterfaces": [{"DeviceIndex": 0, "SubnetId": "subnet-0123abcd", **spec}]})
+
+    listed = nic(PrivateIpAddresses=[{"Primary": True, "PrivateIpAddress": "10.0.0.9"}])
+    assert parse_launch_network(listed, max_count=1).private_ip == "10.0.0.9"
+    plain = nic(PrivateIpAddress="10.0.0.8")
+    assert parse_launch_network(plain, max_count=1).private_ip == "10.0.0.8"
+    for refused, error in [
+        (nic(PrivateIpAddresses=[{"Primary": True, "PrivateIpAddress": "10.0.0.9"},
+                                 {"Primary": False, "PrivateIpAddress": "10.0.0.10"}]),
+         InvalidParameterValue),
+        (nic(SecondaryPrivateIpAddressCount=1), InvalidParameterValue),
+        (nic(PrivateIpAddresses=[{"Primary": False, "PrivateIpAddress": "10.0.0.9"}]),
+         InvalidParameterValue),
+        (nic(PrivateIpAddress="10.0.0.8",
+             PrivateIpAddresses=[{"Primary": True, "PrivateIpAddress": "10.0.0.9"}]),
+         InvalidParameterCombination),
+    ]:
+        with pytest.raises(error):
+            parse_launch_network(refused, max_count=1)

@@ -277,6 +277,30 @@ class DependencyViolation(ClientError):
     code = "DependencyViolation"
 
 
+class VPCIdNotSpecified(ClientError):
+    code = "VPCIdNotSpecified"
+
+
+class MissingInput(ClientError):
+    code = "MissingInput"
+
+
+class InvalidInput(ClientError):
+    code = "InvalidInput"
+
+
+class DefaultVpcAlreadyExists(ClientError):
+    code = "DefaultVpcAlreadyExists"
+
+
+class DefaultVpcDoesNotExist(ClientError):
+    code = "DefaultVpcDoesNotExist"
+
+
+class DefaultSubnetAlreadyExistsInAvailabilityZone(ClientError):
+    code = "DefaultSubnetAlreadyExistsInAvailabilityZone"
+
+
 class InvalidKeyPairNotFound(ClientError):
     code = "InvalidKeyPair.NotFound"
 

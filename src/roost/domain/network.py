@@ -56,6 +56,9 @@ class Vpc(msgspec.Struct, frozen=True, tag="vpc"):
     tenancy: str = "default"
     ipv6_cidr: str = ""
     """The /56 CreateVpc's AmazonProvidedIpv6CidrBlock gave it (`IPV6_POOL`)."""
+    removed: bool = False
+    """The region's default VPC, deleted: stored under its id so the derived default
+    stays gone until CreateDefaultVpc."""
 
 
 class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
@@ -71,6 +74,9 @@ class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
     subnets, as on EC2; `ModifySubnetAttribute` changes it)."""
     ipv6_cidr: str = ""
     """A /64 of its VPC's IPv6 block (CreateSubnet's Ipv6CidrBlock), or none."""
+    removed: bool = False
+    """A zone's default subnet, deleted: stored under its id so the derived default
+    stays gone until CreateDefaultSubnet (or CreateDefaultVpc)."""
 
     @property
     def network(self) -> ipaddress.IPv4Network:

@@ -22,6 +22,17 @@ async def delete_vpc(c: Call) -> str:
     return nr.ok("DeleteVpc", c.request_id)
 
 
+async def create_default_vpc(c: Call) -> str:
+    vpc = await c.service.net.create_default_vpc(c.service.zones())
+    return nr.created_vpc(vpc, c.request_id, "CreateDefaultVpc")
+
+
+async def create_default_subnet(c: Call) -> str:
+    zone = c.params.require("AvailabilityZone")
+    subnet = await c.service.net.create_default_subnet(zone, c.service.zones())
+    return nr.created_subnet(subnet, _region(c), c.request_id, "CreateDefaultSubnet")
+
+
 async def describe_vpcs(c: Call) -> str:
     found = c.reads.net.vpcs(rq.parse_describe_named(c.params, "VpcId"))
     return nr.vpcs(found, c.request_id)
@@ -100,6 +111,8 @@ NETWORK_ACTIONS: dict[str, Action] = {
     "CreateVpc": create_vpc,
     "DeleteVpc": delete_vpc,
     "DescribeVpcs": describe_vpcs,
+    "CreateDefaultVpc": create_default_vpc,
+    "CreateDefaultSubnet": create_default_subnet,
     "CreateSubnet": create_subnet,
     "DeleteSubnet": delete_subnet,
     "DescribeSubnets": describe_subnets,

@@ -50,8 +50,8 @@ def vpcs(found: Iterable[Vpc], request_id: str) -> str:
     return response("DescribeVpcs", request_id, items("vpcSet", map(vpc, found)))
 
 
-def created_vpc(v: Vpc, request_id: str) -> str:
-    return response("CreateVpc", request_id, node("vpc", vpc(v)))
+def created_vpc(v: Vpc, request_id: str, action: str = "CreateVpc") -> str:
+    return response(action, request_id, node("vpc", vpc(v)))
 
 
 def subnet(s: Subnet, free: int, region: str) -> Fragment:
@@ -80,8 +80,9 @@ def subnets(found: Iterable[tuple[Subnet, int]], region: str, request_id: str) -
                     items("subnetSet", (subnet(s, free, region) for s, free in found)))
 
 
-def created_subnet(s: Subnet, region: str, request_id: str) -> str:
-    return response("CreateSubnet", request_id, node("subnet", subnet(s, s.capacity, region)))
+def created_subnet(s: Subnet, region: str, request_id: str, action: str = "CreateSubnet"
+                   ) -> str:
+    return response(action, request_id, node("subnet", subnet(s, s.capacity, region)))
 
 
 def _permissions(tag: str, rules: Iterable[Rule], owner_id: str) -> Fragment:

@@ -164,6 +164,24 @@ def _block_devices(p: Params) -> tuple[DeviceMapping, ...]:
     return tuple(found.values())
 
 
+def _nic_private_ip(nic: Params) -> str:
+    """An interface's primary private address: ``PrivateIpAddress``, or the one of
+    ``PrivateIpAddresses.N`` marked ``Primary`` (or the only one). roost instances have
+    no secondary addresses, so asking for any is refused rather than dropped."""
+    listed = nic.members("PrivateIpAddresses")
+    if len(listed) > 1 or (nic.integer("SecondaryPrivateIpAddressCount") or 0) > 0:
+        raise InvalidParameterValue("roost instances have one private IPv4 address: "
+                                    "secondary private addresses cannot be given.")
+    plain = nic.get("PrivateIpAddress") or ""
+    primary = listed[0].get("PrivateIpAddress") or "" if listed else ""
+    if listed and not listed[0].flag("Primary", default=True):
+        raise InvalidParameterValue("The only private address given must be the primary.")
+    if plain and primary and plain != primary:
+        raise InvalidParameterCombination(
+            "The primary private IP address is given twice, with different values.")
+    return plain or primary
+
+
 def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
     subnet = p.get("SubnetId") or ""
     private_ip = p.get("PrivateIpAddress") or ""
@@ -181,7 +199,7 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         if (nic.get("DeviceIndex") or "0") != "0":
             raise InvalidParameterValue("roost instances have one network interface.")
         subnet = nic.get("SubnetId") or subnet
-        private_ip = nic.get("PrivateIpAddress") or private_ip
+        private_ip = _nic_private_ip(nic) or private_ip
         group_ids += nic.values("SecurityGroupId")
         if nic.has("AssociatePublicIpAddress"):
             public = nic.flag("AssociatePublicIpAddress")

@@ -20,11 +20,15 @@ import msgspec
 from roost.bus.schemas import InstanceNetwork, InstanceRecord
 from roost.domain.errors import (
     CannotDelete,
+    DefaultSubnetAlreadyExistsInAvailabilityZone,
+    DefaultVpcAlreadyExists,
+    DefaultVpcDoesNotExist,
     DependencyViolation,
     IncorrectInstanceState,
     InvalidGroupDuplicate,
     InvalidGroupNotFound,
     InvalidGroupReserved,
+    InvalidInput,
     InvalidKeyPairDuplicate,
     InvalidKeyPairNotFound,
     InvalidParameter,
@@ -36,7 +40,9 @@ from roost.domain.errors import (
     InvalidSubnetRange,
     InvalidVpcIDNotFound,
     InvalidVpcRange,
+    MissingInput,
     OperationNotPermitted,
+    VPCIdNotSpecified,
 )
 from roost.domain.images import Image
 from roost.domain.network import (
@@ -48,6 +54,7 @@ from roost.domain.network import (
     check_block,
     check_ipv6_subnet,
     default_group,
+    default_subnet,
 )
 from roost.gateway.keys import import_public_key, new_key_pair
 from roost.gateway.netrequests import (
@@ -60,7 +67,7 @@ from roost.gateway.netrequests import (
     PermissionsRequest,
 )
 from roost.gateway.network import NetworkStore
-from roost.gateway.tenancy import account
+from roost.gateway.tenancy import account, caller
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
 
@@ -68,6 +75,28 @@ CLAIMS_AT_ONCE = 8
 """Address claims of one launch in flight at once: a launch of 50 waits for 7 round
 trips, not 50, and does not put 50 writes on a loaded bus at one time (with 32 such
 launches in flight, writes queued past nats-py's 5 s timeout)."""
+
+
+NO_DEFAULT_VPC = ("No default VPC for this user. GroupName is only supported for EC2-Classic "
+                  "and default VPC.")
+
+
+def _shared_defaults(what: str) -> None:
+    """The region's default VPC and its default subnets are every account's (roost has
+    one default VPC a region, not one an account): only an admin key may delete or
+    create them again."""
+    who = caller()
+    if who is not None and not who.admin:
+        raise OperationNotPermitted(
+            f"The region's default VPC and default subnets are shared by every account: "
+            f"only an operator's admin key may {what} them.")
+
+
+def _zone_check(zone: str, zones: Sequence[str]) -> None:
+    if zone not in zones:
+        raise InvalidParameterValue(f"Value ({zone[:80]}) for parameter "
+                                    "availabilityZone is invalid. Subnets can currently "
+                                    f"only be created in: {', '.join(zones)}.")
 
 
 def _new_id(prefix: str) -> str:
@@ -186,7 +215,7 @@ class NetworkService:
     async def delete_vpc(self, vpc_id: str) -> None:
         vpc = self.vpc(vpc_id)
         if vpc.is_default:
-            raise OperationNotPermitted("roost's default VPC cannot be deleted.")
+            _shared_defaults("delete")
         if any(s.vpc_id == vpc_id for s in self.store.subnets()):
             raise DependencyViolation(
                 f"The vpc '{vpc_id}' has dependencies and cannot be deleted.")
@@ -197,6 +226,10 @@ class NetworkService:
         for g in groups:
             await self.store.remove(g.group_id)
             await self.store.release_name(vpc_id, g.group_name, g.owner_id)
+        if vpc.is_default:
+            await self.store.mark_removed(self.store.default_vpc, removed=True, already=(
+                InvalidVpcIDNotFound(f"The vpc ID '{vpc_id}' does not exist")))
+            return
         await self.store.remove(vpc_id)
         if vpc.ipv6_cidr:
             await self.store.release_ipv6_block(vpc_id, vpc.ipv6_cidr)
@@ -224,10 +257,7 @@ class NetworkService:
                     f"The CIDR '{req.ipv6_cidr}' conflicts with another subnet")
             ipv6 = str(found)
         zone = req.availability_zone or zones[0]
-        if zone not in zones:
-            raise InvalidParameterValue(f"Value ({zone[:80]}) for parameter "
-                                        "availabilityZone is invalid. Subnets can currently "
-                                        f"only be created in: {', '.join(zones)}.")
+        _zone_check(zone, zones)
         subnet = Subnet(_new_id("subnet"), vpc.vpc_id, str(net), zone, account(self.store.owner_id),
                         tags=dict(req.tags), ipv6_cidr=ipv6)
         await self.store.create(subnet)
@@ -242,16 +272,57 @@ class NetworkService:
 
     async def delete_subnet(self, subnet_id: str, instances: Iterable[InstanceRecord]) -> None:
         subnet = self.subnet(subnet_id)
-        if subnet.default_for_az:
-            raise OperationNotPermitted("roost's default subnets cannot be deleted.")
+        default = subnet.default_for_az and subnet.vpc_id == self.store.default_vpc.vpc_id
+        if default:
+            _shared_defaults("delete")
         if any(r.net.subnet_id == subnet_id and r.state != "terminated" for r in instances):
             raise DependencyViolation(
                 f"The subnet '{subnet_id}' has dependencies and cannot be deleted.")
+        if default:
+            await self.store.mark_removed(subnet, removed=True, already=(
+                InvalidSubnetIDNotFound(f"The subnet ID '{subnet_id}' does not exist")))
+            return
         await self.store.remove(subnet_id)
+
+    async def create_default_vpc(self, zones: Sequence[str]) -> Vpc:
+        """CreateDefaultVpc: the region's default VPC again, with a default subnet in
+        every zone, after it was deleted (roost gives it back its derived id)."""
+        _shared_defaults("create")
+        store = self.store
+        vpc = await store.mark_removed(store.default_vpc, removed=False, already=(
+            DefaultVpcAlreadyExists(
+                "A Default VPC already exists for this account in this region.")))
+        for zone in zones:
+            subnet = default_subnet(vpc, store.region, zone)
+            if store.removed(subnet.subnet_id):
+                await store.mark_removed(subnet, removed=False)
+        return vpc
+
+    async def create_default_subnet(self, zone: str, zones: Sequence[str]) -> Subnet:
+        """CreateDefaultSubnet: a zone's default subnet again, in the default VPC."""
+        _shared_defaults("create")
+        store = self.store
+        if not store.has_default_vpc:
+            raise DefaultVpcDoesNotExist(
+                "No default VPC exists for this account in this region.")
+        _zone_check(zone, zones)
+        subnet = default_subnet(store.default_vpc, store.region, zone)
+        taken = DefaultSubnetAlreadyExistsInAvailabilityZone(
+            f"'{subnet.subnet_id}' is already the default subnet in {zone}.")
+        if not store.removed(subnet.subnet_id):
+            raise taken
+        for other in store.subnets():
+            if other.vpc_id == subnet.vpc_id and other.network.overlaps(subnet.network):
+                raise InvalidSubnetConflict(
+                    f"The CIDR '{subnet.cidr}' of the default subnet of {zone} conflicts "
+                    f"with subnet '{other.subnet_id}'")
+        return await store.mark_removed(subnet, removed=False, already=taken)
 
     # -- security groups --------------------------------------------------------------
 
     async def create_group(self, req: CreateGroupRequest) -> SecurityGroup:
+        if not req.vpc_id and not self.store.has_default_vpc:
+            raise VPCIdNotSpecified(NO_DEFAULT_VPC)
         vpc = self.vpc(req.vpc_id) if req.vpc_id else self.store.default_vpc
         if req.name == "default":
             raise InvalidGroupReserved("The security group 'default' is reserved.")
@@ -360,6 +431,19 @@ class NetworkService:
 
     # -- launches ---------------------------------------------------------------------
 
+    def default_subnet(self, zone: str) -> Subnet:
+        """The subnet a launch that names none goes to: the zone's default subnet, or
+        EC2's errors when there is none."""
+        if not self.store.has_default_vpc:
+            raise VPCIdNotSpecified(NO_DEFAULT_VPC)
+        found = self.store.default_subnet_for(zone)
+        if found is not None:
+            return found
+        if not self.store.default_subnets():
+            raise MissingInput(f"No subnets found for the default VPC "
+                               f"'{self.store.default_vpc.vpc_id}'. Please specify a subnet.")
+        raise InvalidInput(f"No default subnet for availability zone: '{zone}'.")
+
     def resolve(self, req: LaunchNetwork, zone: str, image: Image
                 ) -> tuple[Subnet, InstanceNetwork]:
         """Check what a launch names (subnet, groups, key) and fill EC2's defaults.
@@ -375,7 +459,7 @@ class NetworkService:
                     f"'{subnet.subnet_id}' is in the availability zone "
                     f"{subnet.availability_zone}")
         else:
-            subnet = self.store.default_subnet_for(zone)
+            subnet = self.default_subnet(zone)
         if req.ipv6_count and not subnet.ipv6_cidr:
             raise InvalidParameterValue(
                 f"The subnet '{subnet.subnet_id}' has no IPv6 CIDR block: it cannot give "

@@ -8,7 +8,9 @@ two of them could race; docs/architecture.md has the design (release, crash, res
 
 The region's default VPC, its default group and the default subnet of each zone are
 derived (`roost.domain.network`), not stored, so no gateway has to create them first. A
-stored record under a default's id (a default group with rules added) replaces it.
+stored record under a default's id (a default group with rules added) replaces it; one
+marked ``removed`` (a deleted default VPC or default subnet) hides it until
+CreateDefaultVpc or CreateDefaultSubnet marks it back, by compare-and-set.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class _AnyOf:
 
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
+D = TypeVar("D", Vpc, Subnet)
 ORPHAN_AFTER = 600.0
 """Seconds after which an address no instance names is taken back (a gateway died
 between allocating it and launching); longer than any launch may take."""
@@ -149,7 +152,8 @@ class NetworkStore:
         """The caller's records of ``kind`` (`roost.gateway.tenancy`). The region's
         derived defaults are everyone's and are added by the readers below."""
         return [r for _, r in self._records.values()
-                if isinstance(r, kind) and (self._shared(r) or visible(r.owner_id))]
+                if isinstance(r, kind) and not (isinstance(r, Vpc | Subnet) and r.removed)
+                and (self._shared(r) or visible(r.owner_id))]
 
     def _shared(self, rec: NetworkRecord) -> bool:
         """The region's default VPC, its default subnets and its default group: every
@@ -159,20 +163,40 @@ class NetworkStore:
         flag = rec.default_for_az if isinstance(rec, Subnet) else rec.is_default
         return flag and rec.vpc_id == self.default_vpc.vpc_id
 
+    def removed(self, record_id: str) -> bool:
+        """Whether the derived default under ``record_id`` was deleted."""
+        found = self._records.get(record_id)
+        return found is not None and isinstance(found[1], Vpc | Subnet) and found[1].removed
+
+    @property
+    def has_default_vpc(self) -> bool:
+        return not self.removed(self.default_vpc.vpc_id)
+
     def vpcs(self) -> list[Vpc]:
         stored = {v.vpc_id: v for v in self._stored(Vpc)}
-        return [stored.pop(self.default_vpc.vpc_id, self.default_vpc), *stored.values()]
+        default = stored.pop(self.default_vpc.vpc_id, self.default_vpc)
+        return [default, *stored.values()] if self.has_default_vpc else list(stored.values())
+
+    def default_subnets(self) -> list[Subnet]:
+        """The default subnet of each zone that has one (none without a default VPC)."""
+        if not self.has_default_vpc:
+            return []
+        stored = {s.subnet_id: s for s in self._stored(Subnet)}
+        derived = (default_subnet(self.default_vpc, self.region, z) for z in self._zones())
+        return [stored.get(d.subnet_id, d) for d in derived if not self.removed(d.subnet_id)]
 
     def subnets(self) -> list[Subnet]:
-        stored = {s.subnet_id: s for s in self._stored(Subnet)}
-        defaults = [default_subnet(self.default_vpc, self.region, z) for z in self._zones()]
-        out = [stored.pop(d.subnet_id, d) for d in defaults]
-        return out + list(stored.values())
+        defaults = self.default_subnets()
+        ids = {d.subnet_id for d in defaults}
+        gone = "" if self.has_default_vpc else self.default_vpc.vpc_id
+        return defaults + [s for s in self._stored(Subnet)
+                           if s.subnet_id not in ids and s.vpc_id != gone]
 
     def groups(self) -> list[SecurityGroup]:
         stored = {g.group_id: g for g in self._stored(SecurityGroup)}
         base = default_group(self.default_vpc)
-        return [stored.pop(base.group_id, base), *stored.values()]
+        default = stored.pop(base.group_id, base)
+        return [default, *stored.values()] if self.has_default_vpc else list(stored.values())
 
     def vpc(self, vpc_id: str) -> Vpc | None:
         return next((v for v in self.vpcs() if v.vpc_id == vpc_id), None)
@@ -187,9 +211,12 @@ class NetworkStore:
         return next((g for g in self.groups()
                      if g.vpc_id == vpc_id and g.group_name == name), None)
 
-    def default_subnet_for(self, zone: str) -> Subnet:
-        """The zone's default subnet, as stored once an attribute or tag was changed."""
+    def default_subnet_for(self, zone: str) -> Subnet | None:
+        """The zone's default subnet (as stored once an attribute or tag was changed);
+        None once it, or the default VPC, was deleted."""
         derived = default_subnet(self.default_vpc, self.region, zone)
+        if not self.has_default_vpc or self.removed(derived.subnet_id):
+            return None
         rec = self._records.get(derived.subnet_id)
         return rec[1] if rec is not None and isinstance(rec[1], Subnet) else derived
 
@@ -255,6 +282,20 @@ class NetworkStore:
             self._records[key] = (rev, updated)
             return updated
         raise ServiceUnavailable(f"{key} is changing too fast; retry.")
+
+    async def mark_removed(self, base: D, *, removed: bool,
+                           already: Exception | None = None) -> D:
+        """Delete (``removed``) or create again a derived default, by compare-and-set
+        on the record under its id; ``already`` is raised when it is so already (a
+        gateway that raced this one won; None: it stays as it is). Created again, it
+        is as derived: no tags."""
+        def edit(current: D) -> D:
+            if current.removed == removed:
+                if already is None:
+                    return current
+                raise already
+            return msgspec.structs.replace(base, removed=removed)
+        return await self.change(self.record_id(base), base, edit)
 
     async def _reload(self, key: str) -> None:
         try:

@@ -51,6 +51,15 @@ REGION_FIELDS: dict[str, Field[tuple[str, str]]] = {
 }
 
 
+def launch_order(r: Reservation) -> str:
+    """Where a reservation stands in DescribeInstances: in launch order (its earliest
+    instance's launch time, then its id). EC2 documents no order; this one is stable
+    from page to page and the one a reader expects. A page's ``MaxResults`` counts
+    reservations, the items of the answer's list (botocore's paginator names
+    ``Reservations`` its result key), and a reservation is never split across pages."""
+    return f"{min(i.launch_time for i in r.instances)} {r.reservation_id}"
+
+
 def _check_dry_run(req: DescribeRequest) -> None:
     if req.dry_run:
         raise DryRunOperation(DRY_RUN)
@@ -77,18 +86,16 @@ class Ec2Reads:
                                               r.net.security_group_ids],
             "group-name": lambda r: [names.get(g, "") for g in r.net.security_group_ids],
         }
-        page = paginate(self._instances(req, records, fields), req.page,
-                        key=lambda r: r.instance_id)
         grouped: dict[str, list[InstanceRecord]] = {}
-        for rec in page.items:
+        for rec in self._instances(req, records, fields):
             grouped.setdefault(rec.reservation_id, []).append(rec)
         owner = self.service.site.owner_id
-        reservations = tuple(
+        reservations = (
             Reservation(rid, recs[0].owner_id or owner,
                         tuple(sorted(recs, key=lambda r: r.ami_launch_index)))
             for rid, recs in grouped.items()
         )
-        return Paged(reservations, page.next_token)
+        return paginate(reservations, req.page, key=launch_order)
 
     async def describe_instance_status(self, req: DescribeRequest
                                        ) -> Paged[InstanceStatusRow]:
@@ -140,9 +147,10 @@ class Ec2Reads:
     def describe_account_attributes(self, names: tuple[str, ...]
                                     ) -> list[tuple[str, list[str]]]:
         site = self.service.site
+        store = self.service.net.store
         known = {
             "supported-platforms": ["VPC"],
-            "default-vpc": [self.service.net.store.default_vpc.vpc_id],
+            "default-vpc": [store.default_vpc.vpc_id if store.has_default_vpc else "none"],
             "max-instances": [str(site.max_instances_per_request)],
             "vpc-max-security-groups-per-interface": ["5"],
             "max-elastic-ips": ["0"],

@@ -163,10 +163,13 @@ class Ec2Service:
         to it only when the cluster has more than one zone."""
         zone = req.availability_zone
         if not req.network.subnet_id and not zone:
-            zones = self.zones()
+            every = self.zones()
+            # Only zones with a default subnet (all of them, unless one was deleted).
+            zones = [z for z in every
+                     if self.net.store.default_subnet_for(z) is not None] or every
             room = self.view.room_by_zone(itype.name)
             zone = max(zones, key=lambda z: (room.get(z, 0), -zones.index(z)))
-            placement_zone = zone if len(zones) > 1 else ""
+            placement_zone = zone if len(every) > 1 else ""
         else:
             placement_zone = zone
         subnet, network = self.net.resolve(req.network, zone, image)
