@@ -1,10 +1,11 @@
-"""`first_free`: lowest-first by default; a stripe starts further in and wraps around."""
+"""`first_free`: lowest-first by default; a stripe starts further in and wraps around; a
+search may skip the positions its caller knows are used (`scan_position`)."""
 
 from __future__ import annotations
 
 import ipaddress
 
-from roost.domain.network import Subnet, first_free
+from roost.domain.network import Subnet, first_free, scan_position
 
 
 def _subnet(cidr: str = "10.0.0.0/28") -> Subnet:
@@ -28,3 +29,13 @@ def test_stripes_start_apart_and_wrap_around() -> None:
     assert first_free(_subnet(), upper, stripe=(1, 2)) == "10.0.0.4"  # wrapped
     everything = {_n(f"10.0.0.{k}") for k in range(4, 15)}
     assert first_free(_subnet(), everything, stripe=(1, 2)) is None
+
+
+def test_a_search_may_skip_positions_known_used_in_its_own_order() -> None:
+    # Stripe (1, 2) searches .9 .. .14, then .4 .. .8: position 0 is .9, 6 is .4.
+    assert scan_position(_subnet(), _n("10.0.0.9"), stripe=(1, 2)) == 0
+    assert scan_position(_subnet(), _n("10.0.0.4"), stripe=(1, 2)) == 6
+    assert scan_position(_subnet(), _n("10.0.0.4")) == 0
+    assert first_free(_subnet(), set(), skip=3) == "10.0.0.7"
+    assert first_free(_subnet(), set(), stripe=(1, 2), skip=7) == "10.0.0.5"
+    assert first_free(_subnet(), set(), skip=11) is None  # past the end: the caller looks again

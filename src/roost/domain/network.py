@@ -154,19 +154,34 @@ def check_block(cidr: str, *, low: int = 16, high: int = 28) -> ipaddress.IPv4Ne
     return net if low <= net.prefixlen <= high else None
 
 
-def first_free(subnet: Subnet, used: Container[int], *, stripe: tuple[int, int] = (0, 1)
-               ) -> str | None:
-    """The lowest usable address of ``subnet`` not in ``used`` (addresses as ints).
-
-    ``stripe`` (i, n) starts the search i/n of the way into the usable range and wraps
-    around, so that n processes claiming addresses at once do not all race for the
-    same lowest one; (0, 1) is plain lowest-first."""
+def _scan(subnet: Subnet, stripe: tuple[int, int]) -> tuple[int, int, int]:
+    """(low, high, start) of `first_free`'s search: it runs start..high-1, then
+    low..start-1."""
     net = subnet.network
     low = int(net.network_address) + RESERVED_LOW
     high = int(net.broadcast_address)
     index, count = stripe
-    start = low + (high - low) * index // max(count, 1)
-    for n in itertools.chain(range(start, high), range(low, start)):
+    return low, high, low + (high - low) * index // max(count, 1)
+
+
+def scan_position(subnet: Subnet, n: int, *, stripe: tuple[int, int] = (0, 1)) -> int:
+    """Where address ``n`` comes in `first_free`'s search order (0: first)."""
+    low, high, start = _scan(subnet, stripe)
+    return n - start if n >= start else (high - start) + (n - low)
+
+
+def first_free(subnet: Subnet, used: Container[int], *, stripe: tuple[int, int] = (0, 1),
+               skip: int = 0) -> str | None:
+    """The lowest usable address of ``subnet`` not in ``used`` (addresses as ints).
+
+    ``stripe`` (i, n) starts the search i/n of the way into the usable range and wraps
+    around, so that n processes claiming addresses at once do not all race for the
+    same lowest one; (0, 1) is plain lowest-first. ``skip`` leaves out the first
+    positions of the search (see `scan_position`), which the caller knows are used: a
+    subnet with thousands taken is then not walked from its bottom on every claim."""
+    low, high, start = _scan(subnet, stripe)
+    order = itertools.chain(range(start, high), range(low, start))
+    for n in itertools.islice(order, skip, None):
         if n not in used:
             return str(ipaddress.IPv4Address(n))
     return None

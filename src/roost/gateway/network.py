@@ -52,6 +52,7 @@ from roost.domain.network import (
     first_free,
     ipv6_block,
     public_pool_subnet,
+    scan_position,
     usable,
 )
 from roost.gateway.tenancy import account, visible
@@ -134,6 +135,10 @@ class NetworkStore:
         self._names: dict[str, str] = {}  # name key -> group id
         self._addresses: dict[str, dict[int, tuple[int, AddressClaim]]] = {}
         self._pending: dict[str, set[int]] = {}
+        self._scanned: dict[str, tuple[Subnet, int]] = {}
+        """Subnet -> the positions of this process's search (`first_free`) known to be in
+        use: each claim starts where the last one found a free address, not at the
+        bottom of a subnet that may hold thousands; anything given back moves it down."""
         self._freed: dict[str, dict[int, int]] = {}
         """Subnet -> address -> the revision of the delete that freed it: claimed again
         over that revision in one write (a create of a deleted key costs three)."""
@@ -414,8 +419,12 @@ class NetworkStore:
         tried: set[int] = set()
         claim = msgspec.json.encode(AddressClaim(launch_id, time.time()))
         for _ in range(_ADDRESS_RETRIES):
+            skip = self._scanned.get(subnet.subnet_id, (subnet, 0))[1]
             ip = wanted or first_free(subnet, _AnyOf(taken.keys(), tried, pending),
-                                      stripe=self.stripe)
+                                      stripe=self.stripe, skip=skip)
+            if ip is None and skip:
+                self._scanned.pop(subnet.subnet_id, None)
+                continue  # look once more from the start before saying it is full
             if ip is None:
                 raise InsufficientFreeAddressesInSubnet(
                     f"There are not enough free addresses in subnet '{subnet.subnet_id}' "
@@ -423,7 +432,11 @@ class NetworkStore:
             n = int(ipaddress.IPv4Address(ip))
             if wanted and (n in taken or n in pending):
                 raise InvalidIPAddressInUse(f"Address {ip} is in use.")
+            if not wanted:  # everything before it in the search is in use
+                self._scanned[subnet.subnet_id] = (
+                    subnet, scan_position(subnet, n, stripe=self.stripe))
             pending.add(n)
+            claimed = False
             freed = self._freed.get(subnet.subnet_id, {})
             last = freed.get(n, 0)
             key = address_key(subnet.subnet_id, ip)
@@ -441,8 +454,12 @@ class NetworkStore:
                 continue
             except BUS_DOWN as exc:
                 raise _unavailable("address", exc) from None
+            else:
+                claimed = True
             finally:
                 pending.discard(n)
+                if not claimed:
+                    self._unused(subnet.subnet_id, n)
             taken[n] = (rev, AddressClaim(launch_id, time.time()))
             return ip
         raise ServiceUnavailable(f"Addresses in {subnet.subnet_id} are changing too fast.")
@@ -470,6 +487,16 @@ class NetworkStore:
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
             return
         self._addresses.get(subnet_id, {}).pop(n, None)
+        self._unused(subnet_id, n)
+
+    def _unused(self, subnet_id: str, n: int) -> None:
+        """``n`` may be free now: the next search of its subnet starts no later."""
+        scanned = self._scanned.get(subnet_id)
+        if scanned is not None:
+            subnet, skip = scanned
+            at = scan_position(subnet, n, stripe=self.stripe)
+            if at < skip:
+                self._scanned[subnet_id] = (subnet, at)
 
     def instance_gone(self, rec: InstanceRecord) -> None:
         """An instance terminated or expired: its address comes back (in the background,
@@ -557,6 +584,7 @@ class NetworkStore:
                 freed = self._freed.setdefault(subnet_id, {})
                 if removed:
                     held.pop(n, None)
+                    self._unused(subnet_id, n)
                     if entry.operation == KV_DEL:
                         freed[n] = rev
                     else:
