@@ -122,6 +122,7 @@ def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> Non
     view = CapacityView(Clock())
     view.apply(snap("n1", 1, sent=10.0))
     micro = BUILTIN["t3.micro"]
+    assert view.nodes()[0].free.resources.cpu_milli == 8000  # read (and kept) before
     hold = view.hold("n1", micro)
     assert view.nodes()[0].free.resources.cpu_milli == 6000
     view.settle(hold, launched=True, launched_at=11.0)

@@ -52,6 +52,9 @@ class _Node:
     seen_at: float
     inflight: dict[int, _Held] = field(default_factory=dict)
     settling: dict[int, tuple[_Held, float | None]] = field(default_factory=dict)
+    view: NodeView | None = None
+    """What `CapacityView.nodes` made of the above, until any of it changes: placement
+    reads every node on every launch, and most nodes did not change since the last."""
 
     def clear_settled(self) -> None:
         """Drop holds the current snapshot already covers."""
@@ -119,7 +122,7 @@ class CapacityView:
                 return False
         elif snap.sent_at < cur.snap.sent_at:
             return False
-        cur.snap, cur.seen_at = snap, now
+        cur.snap, cur.seen_at, cur.view = snap, now, None
         cur.clear_settled()
         return True
 
@@ -135,10 +138,12 @@ class CapacityView:
             if (not self._live(n, now) or (zone and n.snap.availability_zone != zone)
                     or n.snap.cannot_launch):
                 continue
-            held = [*n.inflight.values(), *(t for t, _ in n.settling.values())]
-            free = _less(_free(n.snap), held)
-            alloc = Resources(n.snap.alloc_cpu_milli, n.snap.alloc_mem_mib)
-            out.append(NodeView(node_id, alloc, free, draining=n.snap.draining))
+            if n.view is None:
+                held = [*n.inflight.values(), *(t for t, _ in n.settling.values())]
+                n.view = NodeView(node_id, Resources(n.snap.alloc_cpu_milli,
+                                                     n.snap.alloc_mem_mib),
+                                  _less(_free(n.snap), held), draining=n.snap.draining)
+            out.append(n.view)
         return out
 
     def cannot_launch(self, type_name: str, zone: str = "") -> dict[str, str]:
@@ -248,6 +253,7 @@ class CapacityView:
         node = self._nodes.get(node_id)
         if node is not None:
             node.inflight[hold.hold_id] = _Held(itype, tuple(devices))
+            node.view = None
         return hold
 
     def settle(self, hold: Hold, *, launched: bool, launched_at: float | None = None) -> None:
@@ -257,6 +263,7 @@ class CapacityView:
         if node is None:
             return
         held = node.inflight.pop(hold.hold_id, None)
+        node.view = None
         if not launched or held is None:
             return
         if launched_at is None or node.snap.sent_at < launched_at:
