@@ -481,7 +481,7 @@ class NetworkStore:
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:  # KV's delete raises it unwrapped:
                 return  # another gateway (or worker of this one) released it first
-            log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
+            log.warning("could not release %s in %s: %s", ip, subnet_id, exc)  # names the code
             return
         except BUS_DOWN as exc:
             log.warning("could not release %s in %s: %r", ip, subnet_id, exc)
