@@ -8,6 +8,7 @@ docs/gateway.md for what is enforced where).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import itertools
@@ -21,6 +22,17 @@ RESERVED_LOW = 4
 """EC2 keeps the network address and the next three of every subnet (router, DNS,
 future use), and the broadcast address at the top."""
 Kind = Literal["vpc", "subnet", "security-group"]
+
+
+@functools.lru_cache(maxsize=4096)
+def _network(cidr: str) -> ipaddress.IPv4Network:
+    """A subnet's block, parsed once (each address claim and release reads it)."""
+    return ipaddress.IPv4Network(cidr)
+
+
+def default_subnet(vpc: Vpc, region: str, zone: str) -> Subnet:
+    """The zone's default subnet of ``vpc``: the same on every gateway."""
+    return _default_subnet(vpc.vpc_id, vpc.cidr, vpc.owner_id, region, zone)
 
 
 def derived_id(prefix: str, *parts: str) -> str:
@@ -80,7 +92,7 @@ class Subnet(msgspec.Struct, frozen=True, tag="subnet"):
 
     @property
     def network(self) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network(self.cidr)
+        return _network(self.cidr)
 
     @property
     def capacity(self) -> int:
@@ -138,10 +150,12 @@ def zone_slot(region: str, zone: str) -> int:
     return int(hashlib.sha256(zone.encode()).hexdigest(), 16) % 16
 
 
-def default_subnet(vpc: Vpc, region: str, zone: str) -> Subnet:
-    base = ipaddress.IPv4Network(vpc.cidr).network_address + zone_slot(region, zone) * 4096
-    return Subnet(derived_id("subnet", vpc.vpc_id, zone), vpc.vpc_id, f"{base}/20", zone,
-                  vpc.owner_id, default_for_az=True, map_public_ip_on_launch=True)
+@functools.lru_cache(maxsize=1024)
+def _default_subnet(vpc_id: str, cidr: str, owner_id: str, region: str, zone: str) -> Subnet:
+    """Made once per VPC, region and zone (every launch without a subnet asks)."""
+    base = _network(cidr).network_address + zone_slot(region, zone) * 4096
+    return Subnet(derived_id("subnet", vpc_id, zone), vpc_id, f"{base}/20", zone,
+                  owner_id, default_for_az=True, map_public_ip_on_launch=True)
 
 
 def check_block(cidr: str, *, low: int = 16, high: int = 28) -> ipaddress.IPv4Network | None:
