@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import nats
@@ -60,11 +60,20 @@ async def test_release_is_by_revision(stores: tuple[NetworkStore, NetworkStore])
     subnet = a.default_subnet_for("roost-1a")
     ip = await a.allocate(subnet, "r-1")
     await a.release(subnet.subnet_id, ip, "r-1")
+    await _until(lambda: b.addresses_in_use(subnet.subnet_id) == 0)  # b's mirror saw it go
     again = await b.allocate(subnet, "r-2", ip)  # free again, taken by another launch
-    await asyncio.sleep(0.2)  # b's claim reaches a's mirror
+    await _until(lambda: a.addresses_in_use(subnet.subnet_id) == 1)  # a's mirror saw it
     await a.release(subnet.subnet_id, ip, "r-1")  # a late release of the old holder
     await asyncio.sleep(0.2)
     assert again == ip and a.addresses_in_use(subnet.subnet_id) == 1
+
+
+async def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for a mirror to catch up (milliseconds here; seconds on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the mirror did not catch up"
+        await asyncio.sleep(0.02)
 
 
 async def test_terminated_instance_gives_its_addresses_back(
