@@ -261,11 +261,12 @@ class Pool:
         running = sum(len(w.running) for w in self.workers.values())
         return len(self.queue), running
 
-    def rates(self, window: float, grain: float) -> tuple[float, float | None, float]:
+    def rates(self, window: float, grain: float, span: float
+              ) -> tuple[float, float | None, float]:
         """What the controller's queries read: tasks created per second over the last
         ``window`` seconds, the mean run time of the tasks completed in it, and the most
-        tasks created in any ``grain`` seconds of it (buckets aligned to the epoch, as
-        the database's), per second."""
+        tasks created in any ``grain`` seconds of the last ``span`` (since the previous
+        read; buckets aligned to the epoch, as the database's), per second."""
         arrivals = self.work.arrivals
         lo = int(np.searchsorted(arrivals, self.now - window, side="right"))
         hi = int(np.searchsorted(arrivals, self.now, side="right"))
@@ -274,8 +275,9 @@ class Pool:
         service = (sum(x for _, x in self.completions) / len(self.completions)
                    if self.completions else None)
         peak = 0.0
-        if hi > lo:
-            buckets = np.floor((EPOCH + arrivals[lo:hi]) / grain).astype(np.int64)
+        since = int(np.searchsorted(arrivals, self.now - span, side="right"))
+        if hi > since:
+            buckets = np.floor((EPOCH + arrivals[since:hi]) / grain).astype(np.int64)
             peak = float(np.bincount(buckets - buckets[0]).max()) / grain
         return (hi - lo) / window, service, peak
 
@@ -373,7 +375,8 @@ class RoostPolicy:
         infra = Infra(pool.target, instances, (self.node,), now)
         db = DbHealth(max_connections=100_000, reserved_connections=3, sync_peers=0,
                       in_recovery=False, observed_at=now)
-        rate, service, peak = pool.rates(self.settings.rate_window, self.settings.peak_grain)
+        rate, service, peak = pool.rates(self.settings.rate_window, self.settings.peak_grain,
+                                         min(self.interval, self.settings.rate_window))
         inputs = PoolInputs(self.spec, Demand(queued, running, rate, service, peak),
                             tuple(views), infra)
         return Snapshot((inputs,), db, now)

@@ -26,8 +26,9 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   ``min(mean + headroom_sigmas x sd, highest)`` of the burst rates read over
   `PlanSettings.headroom_window`, times the service time. A burst rate (`burst_rate`)
   is the most tasks that arrived within one service time, per second, as far as the
-  reads show it: the rate window's average, or its busiest ``peak_grain`` (5 s) if that
-  is more, spread over the service time when that is longer than the grain. A 30 s
+  reads show it: the rate window's average, or the busiest ``peak_grain`` (5 s) since
+  the last read if that is more, spread over the service time when that is longer
+  than the grain. A 30 s
   average flattens a 10 s burst to a third; one service time is the span whose
   arrivals are in service at once (Little's law at the burst's own scale), so tasks
   longer than the rate window read the average as before. ``sd`` counts only the
@@ -53,7 +54,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 
 from roost.decide.snapshot import Demand, Infra, PlanSettings
 
@@ -70,18 +70,13 @@ def service_grain(service: float | None, s: PlanSettings) -> float:
 
 def burst_rate(rate: float, peak: float | None, service: float | None,
                s: PlanSettings) -> float:
-    """A lower bound of the most tasks that arrived within one service time of the rate
-    window, per second: ``max(rate, peak x grain / span)``, with the peak's Poisson excess
-    taken off (it is the largest of ``rate_window / peak_grain`` buckets, which noise
-    alone lifts by about ``z_k`` of their sd)."""
+    """A lower bound of the most tasks that arrived within one service time, per second:
+    ``max(rate, peak x peak_grain / span)`` with ``span`` = `service_grain`. The busiest
+    ``peak_grain`` seconds keep their tasks in service for one service time; the rate
+    window's average holds for longer tasks."""
     if peak is None:
         return rate
-    span = service_grain(service, s)
-    k = s.rate_window / s.peak_grain
-    if k > 1:
-        z = NormalDist().inv_cdf((k - 0.375) / (k + 0.25))  # Blom: expected max of k
-        peak -= z * math.sqrt(rate / s.peak_grain)
-    return max(rate, peak * s.peak_grain / span)
+    return max(rate, peak * s.peak_grain / service_grain(service, s))
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,8 +79,11 @@ class Demand:
     """Mean run time, seconds, of the tasks completed over the last
     `PlanSettings.rate_window`; None when none completed."""
     arrival_peak: float | None = None
-    """The most tasks created in any `PlanSettings.peak_grain` seconds of the rate
-    window (buckets aligned to the epoch), per second; None when not read."""
+    """The most tasks created in any `PlanSettings.peak_grain` seconds (buckets aligned
+    to the epoch) since the previous read, per second; None when not read. Since the
+    previous read, not over the rate window: each burst then counts in one read, so
+    the reads sample the rate over time (overlapping windows would count a 10 s burst
+    three times and hold room for it as if it were three times as frequent)."""
 
     @property
     def outstanding(self) -> int:
@@ -236,7 +239,8 @@ class PlanSettings:
     headroom holds only for bursts that recur)."""
     peak_grain: float = 5.0
     """The arrival rate's peak is read at this grain: the most tasks created in any
-    ``peak_grain`` seconds of `rate_window`. The headroom is sized on it."""
+    ``peak_grain`` seconds since the previous read. The headroom is sized on it
+    (`roost.decide.demand.burst_rate`)."""
     headroom_sigmas: float = 2.0
     """The pool holds capacity for the arrival rate this many standard deviations above
     its mean over `headroom_window` (a one-sided normal quantile: 2 is about 97.7 %), so
