@@ -19,8 +19,9 @@ outstanding tasks per replica:
   plan only once its workers report nothing running) gives their instances the lowest
   termination priority and asks once for that many replicas fewer, so the drained ones
   go; ``Reactivate`` gives a worker its tasks back. The demand model gets what the
-  controller's query reads: tasks created per second and the mean run time of the
-  tasks finished, over the last ``rate_window`` seconds.
+  controller's queries read: tasks created per second and the mean run time of the
+  tasks finished, over the last ``rate_window`` seconds, and the busiest
+  ``peak_grain`` seconds of arrivals since the previous tick.
 - **hpa**: Kubernetes' HPA algorithm every 15 s: ``desired = ceil(current *
   metric / target)`` with the metric outstanding (queued + running) tasks per replica,
   no change within a 0.1 tolerance, a 300 s scale-down stabilization (the highest
