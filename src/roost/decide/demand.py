@@ -28,10 +28,11 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   is the most tasks that arrived within one service time, per second, as far as the
   reads show it: the rate window's average, or the busiest ``peak_grain`` (5 s) since
   the last read if that is more, spread over the service time when that is longer
-  than the grain. A 30 s
-  average flattens a 10 s burst to a third; one service time is the span whose
-  arrivals are in service at once (Little's law at the burst's own scale), so tasks
-  longer than the rate window read the average as before. ``sd`` counts only the
+  than the grain. A 30 s average flattens a 10 s burst to about a third; one service
+  time is the span whose arrivals are in service at once (Little's law at the burst's
+  own scale), so tasks longer than the rate window read the average as before. Since
+  the last read, not over the rate window: each burst then counts in one read, and the
+  reads sample the rate over time. ``sd`` counts only the
   variance beyond what Poisson arrivals at the mean show at that span: the target per
   replica already absorbs that. It holds only for bursts that recur (the reads rose
   above ``mean + headroom_sigmas x`` their whole sd at least twice, falling below the
