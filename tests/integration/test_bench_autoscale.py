@@ -122,3 +122,22 @@ def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
     assert (out / "suite.md").is_file() and (out / "spike-train.png").is_file()
     bad = CliRunner().invoke(autoscale, ["--suite", "--peaks", "ten", "--out", str(out)])
     assert bad.exit_code == 2 and "--peaks" in bad.output
+
+    # --baselines: HPA's and KEDA's figures reused where a point holds the same tasks,
+    # roost simulated again (and, being deterministic, the same)
+    doc["rows"][0]["tasks"] += 1  # as if its workload had changed: simulated again
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    again = tmp_path / "again"
+    result = CliRunner().invoke(autoscale, [
+        "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
+        "--peaks", "10", "--out", str(again), "--baselines", str(base)])
+    assert result.exit_code == 0, result.output
+    doc2 = json.loads((again / "suite.json").read_text())
+    assert [r["reused"] for r in doc2["rows"]] == [[]] + [["hpa", "keda"]] * 3
+    assert "3 of 4 points reused" in doc2["baselines"]
+    assert [r["results"] for r in doc2["rows"]] == [r["results"] for r in doc["rows"]]
+    other = CliRunner().invoke(autoscale, [
+        "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
+        "--peaks", "10", "--seed", "7", "--out", str(again), "--baselines", str(base)])
+    assert other.exit_code == 1 and "seed 42, not 7" in other.output

@@ -80,13 +80,17 @@ async def test_the_model_reads_rates_from_postgres_and_shows_its_steps(rig: Rig)
     await rig.tick(c)
     doc = msgspec.to_builtins(status_doc(c))
     text = "\n".join(doc["plan"]["pools"]["p"]["sizing"])
-    # 33 tasks created within the 30 s window, 30 of them done in 2 s each
-    assert "arrivals 1.1/s over 30s, service 2s" in text, text
+    # 33 tasks created within the 30 s window, 30 of them done in 2 s each, all created
+    # within one or two 5 s buckets: the busiest holds at least 30 (2 s tasks read the
+    # peak at its 5 s grain)
+    assert "arrivals 1.1/s over 30s (busiest 5s: 6" in text, text
+    assert ", service 2s" in text, text
     assert "size for min(queued + running, ceil(load + backlog)) = 3 tasks" in text, text
     assert "headroom" not in text  # one rate read: no spread to size room on yet
     await rig.tick(c)
     text = "\n".join(msgspec.to_builtins(status_doc(c))["plan"]["pools"]["p"]["sizing"])
-    assert "headroom: arrivals over 600s: mean 1.1/s" in text, text
+    assert "headroom: burst rates (most arrivals within one service time, read at 5s) " \
+        "over 600s: mean" in text, text
 
 
 async def test_scale_down_drains_k_workers_then_removes_them_at_once(rig: Rig) -> None:

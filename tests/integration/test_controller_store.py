@@ -60,6 +60,18 @@ async def test_the_queue_view_counts_queued_and_running_per_pool(db: Any) -> Non
         "a": (3, 2), "b": (0, 1), "idle": (0, 0)}
 
 
+async def test_rates_read_the_busiest_five_seconds_since_the_previous_read(db: Any) -> None:
+    await pools_q.create_pool(db, pool_spec("a"))
+    for n, ago in ((20, 20.0), (12, 3.0)):  # a burst 20 s ago, a smaller one just now
+        await db.execute(
+            "INSERT INTO tasks (pool_id, status, created_at) SELECT 'a', 'queued', "
+            "now() - make_interval(secs => $2) FROM generate_series(1, $1)", n, ago)
+    recent = await runtime.read_rates(db, 30.0, grain=5.0, span=10.0)
+    assert recent["a"] == (32 / 30, None, 12 / 5)
+    whole = await runtime.read_rates(db, 30.0, grain=5.0, span=30.0)
+    assert whole["a"][2] == 20 / 5
+
+
 async def test_pool_validation_and_updates(db: Any) -> None:
     spec = await pools_q.create_pool(db, pool_spec("web"))
     with pytest.raises(InvalidPool):

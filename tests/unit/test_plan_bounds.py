@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from roost.decide.demand import Estimates, size
+from roost.decide.demand import Estimates, burst_rate, size
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
 from roost.decide.plan import PoolHistory, disruption_budget, growth_limit
 from roost.decide.snapshot import (
@@ -260,6 +260,25 @@ def test_headroom_holds_room_for_bursts_beyond_poisson_noise() -> None:
     assert step_peak is not None and step_peak.rate == 10.0
     assert replace(_est(1.0), rates=_rates(1.0, 4.0)).peak_rate(
         replace(s, headroom_sigmas=0)) is None
+
+
+def test_a_burst_is_read_at_one_service_time_not_at_the_rate_window() -> None:
+    s = replace(S, rate_window=30.0, peak_grain=5.0)
+    # 10 s at 100/s in 30 s at 10/s otherwise: the average reads 40/s, the busiest 5 s
+    # 100/s; tasks of 0.2 s are in service at the burst's own rate
+    assert burst_rate(40.0, 100.0, 0.2, s) == 100.0
+    # 10 s tasks: the busiest 5 s are in service for 10 s, so half of it
+    assert burst_rate(40.0, 100.0, 10.0, s) == 50.0
+    # tasks as long as the window read its average, as before; so does a missing peak
+    assert burst_rate(40.0, 100.0, 30.0, s) == burst_rate(40.0, 100.0, 300.0, s) == 40.0
+    assert burst_rate(10.0, None, 0.2, s) == 10.0
+    # the reads the plan keeps are burst rates, and /status shows the busiest 5 s
+    est = _est(0.2).observe(Demand(0, 1, 40.0, 0.2, 100.0), None, NOW, s)
+    assert est.rates[-1][1] == 100.0
+    got = size(Demand(0, 1, 40.0, 0.2, 100.0), est, replicas=1, target=3, s=s)
+    assert any("busiest 5s: 100/s" in line for line in got.explain)
+    with pytest.raises(ValueError, match="peak_grain"):
+        replace(S, peak_grain=60.0).validate()
 
 
 def test_headroom_stops_a_scale_down_of_recurring_demand_but_never_starts_a_scale_up(

@@ -19,8 +19,9 @@ outstanding tasks per replica:
   plan only once its workers report nothing running) gives their instances the lowest
   termination priority and asks once for that many replicas fewer, so the drained ones
   go; ``Reactivate`` gives a worker its tasks back. The demand model gets what the
-  controller's query reads: tasks created per second and the mean run time of the
-  tasks finished, over the last ``rate_window`` seconds.
+  controller's queries read: tasks created per second and the mean run time of the
+  tasks finished, over the last ``rate_window`` seconds, and the busiest
+  ``peak_grain`` seconds of arrivals since the previous tick.
 - **hpa**: Kubernetes' HPA algorithm every 15 s: ``desired = ceil(current *
   metric / target)`` with the metric outstanding (queued + running) tasks per replica,
   no change within a 0.1 tolerance, a 300 s scale-down stabilization (the highest
@@ -261,17 +262,25 @@ class Pool:
         running = sum(len(w.running) for w in self.workers.values())
         return len(self.queue), running
 
-    def rates(self, window: float) -> tuple[float, float | None]:
-        """What the controller's query reads: tasks created per second over the last
-        ``window`` seconds, and the mean run time of the tasks completed in it."""
+    def rates(self, window: float, grain: float, span: float
+              ) -> tuple[float, float | None, float]:
+        """What the controller's queries read: tasks created per second over the last
+        ``window`` seconds, the mean run time of the tasks completed in it, and the most
+        tasks created in any ``grain`` seconds of the last ``span`` (since the previous
+        read; buckets aligned to the epoch, as the database's), per second."""
         arrivals = self.work.arrivals
-        n = int(np.searchsorted(arrivals, self.now, side="right")
-                - np.searchsorted(arrivals, self.now - window, side="right"))
+        lo = int(np.searchsorted(arrivals, self.now - window, side="right"))
+        hi = int(np.searchsorted(arrivals, self.now, side="right"))
         while self.completions and self.completions[0][0] <= self.now - window:
             self.completions.popleft()
         service = (sum(x for _, x in self.completions) / len(self.completions)
                    if self.completions else None)
-        return n / window, service
+        peak = 0.0
+        since = int(np.searchsorted(arrivals, self.now - span, side="right"))
+        if hi > since:
+            buckets = np.floor((EPOCH + arrivals[since:hi]) / grain).astype(np.int64)
+            peak = float(np.bincount(buckets - buckets[0]).max()) / grain
+        return (hi - lo) / window, service, peak
 
     def _record(self, before: int, after: int) -> None:
         if after != before:
@@ -367,9 +376,10 @@ class RoostPolicy:
         infra = Infra(pool.target, instances, (self.node,), now)
         db = DbHealth(max_connections=100_000, reserved_connections=3, sync_peers=0,
                       in_recovery=False, observed_at=now)
-        rate, service = pool.rates(self.settings.rate_window)
-        inputs = PoolInputs(self.spec, Demand(queued, running, rate, service), tuple(views),
-                            infra)
+        rate, service, peak = pool.rates(self.settings.rate_window, self.settings.peak_grain,
+                                         min(self.interval, self.settings.rate_window))
+        inputs = PoolInputs(self.spec, Demand(queued, running, rate, service, peak),
+                            tuple(views), infra)
         return Snapshot((inputs,), db, now)
 
     def tick(self, pool: Pool) -> None:
@@ -666,6 +676,11 @@ def _floats(text: str) -> set[float]:
               help="With --suite: comma-separated curve names to run (default: all).")
 @click.option("--peaks", default=None,
               help="With --suite: comma-separated peaks (tasks/s) to run (default: all).")
+@click.option("--baselines", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              default=None,
+              help="With --suite: an earlier suite.json of the same seed; its HPA and KEDA "
+              "figures are reused (per point, when the task count matches) and only roost "
+              "is re-simulated.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
               default=Path("bench-results/autoscale-suite"), show_default=True,
               help="With --suite: where the results go.")
@@ -675,14 +690,14 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               interval: float, up_window: float, down_window: float,
               small_pool_replicas: int, slo_seconds: float, seed: int,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
-              peaks: str | None, out_dir: Path) -> None:
+              peaks: str | None, baselines: Path | None, out_dir: Path) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if suite:
         from roost.bench.suite_cli import run_suite
 
         run_suite(data_dir or default_data_dir(), out_dir, full=full, seed=seed,
                   only=None if only is None else set(only.split(",")),
-                  peaks=None if peaks is None else _floats(peaks))
+                  peaks=None if peaks is None else _floats(peaks), baselines=baselines)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

@@ -19,6 +19,7 @@ from roost.bench.suite import (
     curves,
     markdown,
     plot_curve,
+    read_baselines,
     run_point,
     summary,
     table_rows,
@@ -30,8 +31,15 @@ MAX_REPLICAS = 5000
 
 
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
-              only: set[str] | None, peaks: set[float] | None = None) -> dict[str, Any]:
+              only: set[str] | None, peaks: set[float] | None = None,
+              baselines: Path | None = None) -> dict[str, Any]:
     console = Console(stderr=True)
+    kept = {}
+    if baselines is not None:
+        try:
+            kept = read_baselines(baselines, seed)
+        except (OSError, ValueError, KeyError) as exc:
+            raise click.ClickException(f"--baselines {baselines}: {exc}") from None
     todo, missing = curves(data_dir, full=full)
     if only:
         unknown = only - {c.name for c in todo}
@@ -52,7 +60,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         mine = []
         for pt in c.points:
             t = time.monotonic()
-            row = run_point(c, pt, base)
+            row = run_point(c, pt, base,
+                            baseline=kept.get((c.name, pt.peak, pt.startup, pt.service)))
             mine.append(row)
             rows.append(row)
             console.print(f"[{len(rows)}/{total}] {c.name} ({c.kind}), {pt.label}: roost/hpa "
@@ -74,6 +83,12 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         "missing": missing,
         "rows": rows,
     }
+    reused = sum(1 for r in rows if r["reused"])
+    if reused:
+        doc["baselines"] = (
+            f"hpa and keda figures of {reused} of {len(rows)} points reused from "
+            f"{baselines} (same seed, same task count per point; their code reads none of "
+            "roost's settings); roost re-simulated on every point")
     doc["summary"] = summary(rows)
     write_json(out_dir / "suite.json", doc)
     (out_dir / "suite.md").write_text(markdown(doc))

@@ -45,6 +45,8 @@ _HELP = {
                            "window x this / replicas (1: off).",
     "drain_timeout": "Seconds a draining worker may take before it is re-activated.",
     "rate_window": "Seconds over which arrivals per second and the service time are read.",
+    "peak_grain": "Seconds: the headroom reads the busiest this-long span of arrivals since "
+                  "the previous read (at most rate_window).",
     "drain_horizon": "Seconds within which new replicas should drain the backlog the "
                      "pool cannot clear by itself.",
     "startup_default": "Replica start-up time assumed until a pool has shown its own.",

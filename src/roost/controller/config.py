@@ -43,6 +43,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     small_pool_replicas: int = PlanSettings().small_pool_replicas
     drain_timeout: float = 600.0
     rate_window: float = PlanSettings().rate_window
+    peak_grain: float = PlanSettings().peak_grain
     drain_horizon: float = PlanSettings().drain_horizon
     startup_default: float = PlanSettings().startup_default
     flap_window: float = PlanSettings().flap_window
@@ -101,6 +102,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             small_pool_replicas=self.small_pool_replicas,
             drain_timeout=self.drain_timeout,
             rate_window=self.rate_window,
+            peak_grain=self.peak_grain,
             drain_horizon=self.drain_horizon,
             startup_default=self.startup_default,
             flap_window=self.flap_window,

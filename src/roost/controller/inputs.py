@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from roost.controller.clock import Clock
@@ -22,7 +22,15 @@ from roost.controller.orchestrator import (
     PoolRef,
     PoolState,
 )
-from roost.decide.snapshot import DbHealth, Demand, PoolInputs, PoolSpec, Snapshot, WorkerView
+from roost.decide.snapshot import (
+    DbHealth,
+    Demand,
+    PlanSettings,
+    PoolInputs,
+    PoolSpec,
+    Snapshot,
+    WorkerView,
+)
 from roost.store import pools as pools_q
 from roost.store import runtime
 from roost.store.session import CONNECTION_ERRORS
@@ -52,21 +60,33 @@ async def _infra(orch: Orchestrator | None, spec: PoolSpec, *, timeout: float,
             return f"infra: {spec.orchestrator} failed: {type(exc).__name__}: {exc}"
 
 
-async def _with_rates(conn: Any, demand: dict[str, Demand], window: float,
+@dataclass(frozen=True, slots=True)
+class RateReads:
+    """What the demand model's queries read: the arrival rate and service time over
+    ``window``, and the arrival rate's peak at ``grain`` over the last ``span`` seconds
+    (the time since the previous read: each burst counts in one read)."""
+
+    window: float = PlanSettings().rate_window
+    grain: float = PlanSettings().peak_grain
+    span: float = PlanSettings().rate_window
+
+
+async def _with_rates(conn: Any, demand: dict[str, Demand], reads: RateReads,
                       timeout: float) -> dict[str, Demand]:
-    """Demand with the arrival rate and service time the demand model uses. If they
-    cannot be read the model falls back to queued + running (the rule before it), so
-    this never freezes a pool; a failed read is logged."""
+    """Demand with the arrival rate, its peak and the service time the demand model
+    uses. If they cannot be read the model falls back to queued + running (the rule
+    before it), so this never freezes a pool; a failed read is logged."""
     try:
-        rates = await runtime.read_rates(conn, window, timeout=timeout)
+        rates = await runtime.read_rates(conn, reads.window, grain=reads.grain,
+                                         span=reads.span, timeout=timeout)
     except DB_ERRORS as exc:
         log.warning("arrival rates not read, sizing on queued + running: %s", _describe(exc))
         return demand
-    return {
-        pool: replace(d, arrival_rate=rates.get(pool, (0.0, None))[0],
-                      service_time=rates.get(pool, (0.0, None))[1])
-        for pool, d in demand.items()
-    }
+    out = {}
+    for pool, d in demand.items():
+        rate, service, peak = rates.get(pool, (0.0, None, 0.0))
+        out[pool] = replace(d, arrival_rate=rate, service_time=service, arrival_peak=peak)
+    return out
 
 
 async def read_snapshot(
@@ -76,7 +96,7 @@ async def read_snapshot(
     clock: Clock,
     timeout: float,
     concurrency: int = 16,
-    rate_window: float = 30.0,
+    rates: RateReads = RateReads(),
 ) -> Snapshot:
     demand: dict[str, Demand] | None = None
     workers: dict[str, list[WorkerView]] | None = None
@@ -89,7 +109,7 @@ async def read_snapshot(
         except DB_ERRORS as exc:
             errors.append(f"demand: {_describe(exc)}")
         if demand is not None:
-            demand = await _with_rates(conn, demand, rate_window, timeout)
+            demand = await _with_rates(conn, demand, rates, timeout)
         try:
             workers = await runtime.read_workers(conn, timeout=timeout)
         except DB_ERRORS as exc:

@@ -26,7 +26,7 @@ from typing import Any
 from roost.controller.actuator import ActionRecord, Actuator
 from roost.controller.clock import Clock
 from roost.controller.config import ControllerConfig
-from roost.controller.inputs import DB_ERRORS, read_snapshot
+from roost.controller.inputs import DB_ERRORS, RateReads, read_snapshot
 from roost.controller.leadership import Leadership, LeadershipError
 from roost.controller.metrics import ControllerMetrics
 from roost.controller.orchestrator import Orchestrator
@@ -78,6 +78,8 @@ class Controller:
         self.actions: deque[ActionRecord] = deque(maxlen=100)
         self.stopped = False
         self._epoch_seen: int | None = None
+        self._rates_read_at: float | None = None
+        """When the leader last read the arrival rates (monotonic)."""
         self.wake = asyncio.Event()
         """Set to end the wait between ticks early: stop, this controller has just become
         leader, or tasks for an idle pool."""
@@ -208,9 +210,19 @@ class Controller:
         if epoch != self._epoch_seen:
             self.history = {}  # a new leadership observes its windows afresh
             self._epoch_seen = epoch
+            self._rates_read_at = None
+        s = self.settings
+        read_at = self.clock.monotonic()
+        # the peak is read since the previous read (the interval on a first read), so
+        # that each burst counts in one read; never finer than its grain, never past
+        # the rate window
+        since = self.config.interval if self._rates_read_at is None else \
+            read_at - self._rates_read_at
+        self._rates_read_at = read_at
+        reads = RateReads(s.rate_window, s.peak_grain,
+                          min(max(since, s.peak_grain), s.rate_window))
         snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
-                                       timeout=self.config.io_timeout,
-                                       rate_window=self.settings.rate_window)
+                                       timeout=self.config.io_timeout, rates=reads)
         self._watch_clock(None if snapshot.db is None else snapshot.db.clock_offset)
         now = self.clock.time()
         p = plan(snapshot, self.history, now=now, settings=self.settings)

@@ -23,15 +23,22 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   While there is some, the scale-up window is skipped: waiting it out would only let
   the queue grow (the window is there to ignore noise, and this is not noise);
 - ``reserve``, the **headroom**: room for the arrival rate's short-horizon peak,
-  ``min(mean + headroom_sigmas x sd, highest)`` of the rates read over
-  `PlanSettings.headroom_window`, times the service time. ``sd`` counts only the
-  variance beyond what Poisson arrivals at the mean show over the rate window
-  (``mean / rate_window``): the target per replica already absorbs that. It holds only
-  for bursts that recur (the reads rose above ``mean + headroom_sigmas x`` their whole
-  sd at least twice, falling below the mean between, or the pool is flapping), and it
-  only stops a scale-down: it never makes a pool grow.
-  Bursts shorter than a start-up find room instead of a shrunk pool; a step down is not
-  held at its old level.
+  ``min(mean + headroom_sigmas x sd, highest)`` of the burst rates read over
+  `PlanSettings.headroom_window`, times the service time. A burst rate (`burst_rate`)
+  is the most tasks that arrived within one service time, per second, as far as the
+  reads show it: the rate window's average, or the busiest ``peak_grain`` (5 s) since
+  the last read if that is more, spread over the service time when that is longer
+  than the grain. A 30 s average flattens a 10 s burst to about a third; one service
+  time is the span whose arrivals are in service at once (Little's law at the burst's
+  own scale), so tasks longer than the rate window read the average as before. Since
+  the last read, not over the rate window: each burst then counts in one read, and the
+  reads sample the rate over time. ``sd`` counts only the
+  variance beyond what Poisson arrivals at the mean show at that span: the target per
+  replica already absorbs that. It holds only for bursts that recur (the reads rose
+  above ``mean + headroom_sigmas x`` their whole sd at least twice, falling below the
+  mean between, or the pool is flapping), and it only stops a scale-down: it never
+  makes a pool grow. Bursts shorter than a start-up find room instead of a shrunk
+  pool; a step down is not held at its old level.
 
 The plan divides ``effective`` by the pool's target per replica, the same target the
 old rule and HPA use, so the utilisation aimed at is unchanged. Without a rate or a
@@ -41,7 +48,7 @@ back to ``queued + running``.
 Estimates the model carries from tick to tick (`Estimates`, kept in the plan's history):
 the service time's moving average, the replica start-up time, measured from the
 orchestrator's view (a replica slot seen not ready is timed until a replica turns
-ready), and the arrival rates read over the headroom window.
+ready), and the burst rates read over the headroom window.
 """
 
 from __future__ import annotations
@@ -53,6 +60,24 @@ from roost.decide.snapshot import Demand, Infra, PlanSettings
 
 STARTUP_WEIGHT = 0.3
 """Weight of a new start-up sample in the start-up time's moving average."""
+
+
+def service_grain(service: float | None, s: PlanSettings) -> float:
+    """The span a burst's load is read over: one service time (the tasks that arrive
+    within it are in service at once), no finer than the peak grain and no longer than
+    the rate window (what the controller reads)."""
+    return min(max(service or 0.0, s.peak_grain), s.rate_window)
+
+
+def burst_rate(rate: float, peak: float | None, service: float | None,
+               s: PlanSettings) -> float:
+    """A lower bound of the most tasks that arrived within one service time, per second:
+    ``max(rate, peak x peak_grain / span)`` with ``span`` = `service_grain`. The busiest
+    ``peak_grain`` seconds keep their tasks in service for one service time; the rate
+    window's average holds for longer tasks."""
+    if peak is None:
+        return rate
+    return max(rate, peak * s.peak_grain / service_grain(service, s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +107,8 @@ class Estimates:
     ready: int | None = None
     """Ready replicas last seen."""
     rates: tuple[tuple[float, float], ...] = ()
-    """``(time, arrival rate)`` read over the last `PlanSettings.headroom_window`."""
+    """``(time, burst rate)`` read over the last `PlanSettings.headroom_window`
+    (`burst_rate`)."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -111,7 +137,7 @@ class Estimates:
             since, ready = tuple(slots[:starting]), now_ready
         rates = tuple((t, r) for t, r in self.rates if t > now - s.headroom_window)
         if demand is not None and demand.arrival_rate is not None:
-            rates += ((now, demand.arrival_rate),)
+            rates += ((now, burst_rate(demand.arrival_rate, demand.arrival_peak, service, s)),)
         return Estimates(service, service_at, startup, since, ready, rates)
 
     def peak_rate(self, s: PlanSettings) -> Peak | None:
@@ -121,9 +147,9 @@ class Estimates:
         xs = [r for _, r in self.rates]
         mean = sum(xs) / len(xs)
         var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
-        # Poisson arrivals at the mean would vary by mean / window on their own: the
+        # Poisson arrivals at the mean would vary by mean / span on their own: the
         # target per replica absorbs that, so only the variance beyond it is burstiness.
-        sd = math.sqrt(max(0.0, var - mean / s.rate_window))
+        sd = math.sqrt(max(0.0, var - mean / service_grain(self.service, s)))
         # excursions above the quantile of all the variance (Poisson's included, so noise
         # seldom gets there), each after the rate fell back below the mean: a burst that
         # came back, not one step or a ramp wavering near the line
@@ -181,7 +207,10 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     if peak is not None:
         reserve = math.ceil(peak.rate * service - 1e-9)
     lines += [
-        f"arrivals {rate:.3g}/s over {s.rate_window:g}s, service {service:.3g}s, "
+        f"arrivals {rate:.3g}/s over {s.rate_window:g}s"
+        + ("" if demand.arrival_peak is None else
+           f" (busiest {s.peak_grain:g}s: {demand.arrival_peak:.3g}/s)")
+        + f", service {service:.3g}s, "
         f"start-up {startup:.3g}s ({known})",
         f"load = max(arrivals x service, running) = {load:.3g} tasks",
         f"spare = max(0, replicas x target / service - arrivals) = {spare:.3g} tasks/s",
@@ -191,7 +220,9 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     ]
     if peak is not None:
         lines.append(
-            f"headroom: arrivals over {s.headroom_window:g}s: mean {peak.mean:.3g}/s, sd "
+            f"headroom: burst rates (most arrivals within one service time, read at "
+            f"{service_grain(service, s):g}s) over {s.headroom_window:g}s: mean "
+            f"{peak.mean:.3g}/s, sd "
             f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s; hold room for min(mean + "
             f"{s.headroom_sigmas:g} sd, highest) = {peak.rate:.3g}/s x service = {reserve} "
             "tasks")

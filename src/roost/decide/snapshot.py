@@ -78,6 +78,12 @@ class Demand:
     service_time: float | None = None
     """Mean run time, seconds, of the tasks completed over the last
     `PlanSettings.rate_window`; None when none completed."""
+    arrival_peak: float | None = None
+    """The most tasks created in any `PlanSettings.peak_grain` seconds (buckets aligned
+    to the epoch) since the previous read, per second; None when not read. Since the
+    previous read, not over the rate window: each burst then counts in one read, so
+    the reads sample the rate over time (overlapping windows would count a 10 s burst
+    three times and hold room for it as if it were three times as frequent)."""
 
     @property
     def outstanding(self) -> int:
@@ -231,6 +237,10 @@ class PlanSettings:
     """The arrival rates read over this long size the headroom: twice HPA's 300 s
     stabilization, so that bursts up to 300 s apart are seen at least twice (the
     headroom holds only for bursts that recur)."""
+    peak_grain: float = 5.0
+    """The arrival rate's peak is read at this grain: the most tasks created in any
+    ``peak_grain`` seconds since the previous read. The headroom is sized on it
+    (`roost.decide.demand.burst_rate`)."""
     headroom_sigmas: float = 2.0
     """The pool holds capacity for the arrival rate this many standard deviations above
     its mean over `headroom_window` (a one-sided normal quantile: 2 is about 97.7 %), so
@@ -244,9 +254,11 @@ class PlanSettings:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("rate_window", "drain_horizon", "growth_period", "disruption_period",
-                     "flap_window", "headroom_window"):
+                     "flap_window", "headroom_window", "peak_grain"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.peak_grain > self.rate_window:
+            raise ValueError("peak_grain must be <= rate_window (the peak is read within it)")
         if self.small_pool_replicas < 1:
             raise ValueError("small_pool_replicas must be >= 1")
         if not 0 < self.memory_target_percent <= self.memory_hard_percent <= 100:

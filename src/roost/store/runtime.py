@@ -33,15 +33,31 @@ GROUP BY pool_id
 """
 
 
-async def read_rates(conn: Any, window: float, *, timeout: float | None = None
-                     ) -> dict[str, tuple[float, float | None]]:
+_PEAKS = """
+SELECT pool_id, max(n) AS peak
+FROM (SELECT pool_id, count(*) AS n
+      FROM tasks
+      WHERE created_at > now() - make_interval(secs => $1)
+      GROUP BY pool_id, floor(extract(epoch FROM created_at) / $2)) AS buckets
+GROUP BY pool_id
+"""
+
+
+async def read_rates(conn: Any, window: float, *, grain: float, span: float,
+                     timeout: float | None = None
+                     ) -> dict[str, tuple[float, float | None, float]]:
     """Per pool: tasks created per second over the last ``window`` seconds (on the
-    database's clock), and the mean run time of the tasks completed in it (None if
-    none). A pool with no task in the window is absent: its rate is 0."""
+    database's clock), the mean run time of the tasks completed in it (None if none),
+    and the most tasks created in any ``grain`` seconds (buckets aligned to the epoch)
+    of the last ``span`` seconds, per second. A pool with no task in the window is
+    absent: its rates are 0."""
     rows = await conn.fetch(_RATES, float(window), timeout=timeout)
+    peaks = {str(r["pool_id"]): int(r["peak"]) / grain
+             for r in await conn.fetch(_PEAKS, float(span), float(grain), timeout=timeout)}
     return {
         str(r["pool_id"]): (int(r["created"]) / window,
-                            None if r["service"] is None else float(r["service"]))
+                            None if r["service"] is None else float(r["service"]),
+                            peaks.get(str(r["pool_id"]), 0.0))
         for r in rows
     }
 
