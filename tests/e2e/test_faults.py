@@ -108,9 +108,18 @@ class Load:
 
 
 def settle(cluster: ThreadedCluster, ec2: Any, ids: list[str]) -> None:
-    """Terminate everything, then check the ledgers are exactly empty again."""
+    """Terminate everything, then check the ledgers are exactly empty again. A 503
+    (a node still reconnecting after the fault answers late) is retried, as boto3's
+    default retry mode does; the drills' clients retry nothing, to count every answer."""
     for i in range(0, len(ids), 100):
-        ec2.terminate_instances(InstanceIds=ids[i:i + 100])
+        for attempt in range(5):
+            try:
+                ec2.terminate_instances(InstanceIds=ids[i:i + 100])
+                break
+            except ClientError as exc:
+                if exc.response["Error"]["Code"] != "ServiceUnavailable" or attempt == 4:
+                    raise
+                time.sleep(1.0)
     for iid in ids:
         wait_state(ec2, iid, "terminated", timeout=30)
     deadline = time.monotonic() + 10
