@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from roost.bus.connect import connect, key_value
@@ -66,5 +67,19 @@ async def test_changes_at_once_are_written_together_and_none_is_lost(
         assert "i-new" in (await two.usage("acct")).instances
         with pytest.raises(ValueError, match="full"):
             await one.change_usage("acct", at_most(2 * CHANGES))
+    finally:
+        await nc.close()
+
+
+async def test_an_unreadable_usage_record_fails_its_changes_rather_than_hanging(
+        nats_server: NatsServer) -> None:
+    nc = await connect([nats_server.url], name="usage-test")
+    try:
+        kv = await key_value(nc, ACCOUNTS_BUCKET)
+        await kv.put("usage.broken", b"not a usage record")
+        store = AccountStore(kv)
+        asks = [store.change_usage("broken", _add(f"i-{i}")) for i in range(3)]
+        outcomes = await asyncio.wait_for(asyncio.gather(*asks, return_exceptions=True), 10)
+        assert all(isinstance(o, msgspec.DecodeError) for o in outcomes), outcomes
     finally:
         await nc.close()

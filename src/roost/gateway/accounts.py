@@ -257,11 +257,12 @@ class AccountStore:
 
     async def _write_usage(self, account_id: str) -> None:
         """Write the edits waiting for ``account_id`` in batches until none wait."""
+        batch: list[tuple[Callable[[Usage], Usage], asyncio.Future[Usage]]] = []
         try:
             while batch := self._waiting.pop(account_id, []):
                 try:
                     outcomes = await self._commit_usage(account_id, batch)
-                except ServiceUnavailable as exc:
+                except Exception as exc:  # unreachable, or an unreadable record: all fail
                     outcomes = [exc] * len(batch)
                 for (_, done), outcome in zip(batch, outcomes, strict=True):
                     if done.done():
@@ -272,6 +273,10 @@ class AccountStore:
                         done.set_result(outcome)
         finally:
             self._writers.pop(account_id, None)
+            # Cancelled (the gateway stopping): no caller is left waiting for good.
+            for _, done in [*batch, *self._waiting.pop(account_id, [])]:
+                if not done.done():
+                    done.cancel()
 
     async def _commit_usage(self, account_id: str,
                             batch: list[tuple[Callable[[Usage], Usage], asyncio.Future[Usage]]]

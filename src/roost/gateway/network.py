@@ -494,7 +494,7 @@ class NetworkStore:
         scanned = self._scanned.get(subnet_id)
         if scanned is not None:
             subnet, skip = scanned
-            at = scan_position(subnet, n, stripe=self.stripe)
+            at = max(0, scan_position(subnet, n, stripe=self.stripe))
             if at < skip:
                 self._scanned[subnet_id] = (subnet, at)
 
