@@ -98,7 +98,7 @@ async def last_values(nc: Client, bucket: str, keys: str, *, timeout: float
                              (prefix + keys).encode(), _DIRECT_BATCH))
         async with asyncio.timeout(timeout):
             while True:
-                msg = await sub.next_msg(timeout=timeout)
+                msg = await sub.next_msg(timeout=None)  # the whole read is bounded above
                 headers = msg.headers or {}
                 status = headers.get("Status")
                 if status == "404":

@@ -503,19 +503,17 @@ class NetworkService:
         """One address per launch id, `CLAIMS_AT_ONCE` claimed at a time (the store
         keeps this gateway's concurrent claims on different addresses); on a failure
         the ones taken are given back."""
-        got: list[str | BaseException] = []
+        taken: list[str] = []
         for start in range(0, len(launch_ids), CLAIMS_AT_ONCE):
-            got += await asyncio.gather(
+            got = await asyncio.gather(
                 *(self.store.allocate(subnet, lid, wanted if i == 0 else "")
                   for i, lid in enumerate(launch_ids[start:start + CLAIMS_AT_ONCE],
                                           start)), return_exceptions=True)
-            if any(isinstance(e, BaseException) for e in got):
-                break
-        taken = [ip if isinstance(ip, str) else "" for ip in got]
-        failed = next((e for e in got if isinstance(e, BaseException)), None)
-        if failed is not None:
-            await self.release(subnet, launch_ids, taken)
-            raise failed
+            taken += [ip if isinstance(ip, str) else "" for ip in got]
+            failed = next((e for e in got if isinstance(e, BaseException)), None)
+            if failed is not None:
+                await self.release(subnet, launch_ids, taken)
+                raise failed
         return taken
 
     async def place_both(self, subnet: Subnet, network: InstanceNetwork,
@@ -526,10 +524,9 @@ class NetworkService:
             self.place(subnet, launch_ids, wanted), self.place_public(network, launch_ids),
             return_exceptions=True)
         if isinstance(private, BaseException) or isinstance(public, BaseException):
-            if isinstance(private, list):
-                await self.release(subnet, launch_ids, private)
-            if isinstance(public, list):
-                await self.release(self.store.public_pool, launch_ids, public)
+            await self.release_both(subnet, launch_ids,
+                                    private if isinstance(private, list) else [],
+                                    public if isinstance(public, list) else [])
             raise private if isinstance(private, BaseException) else public  # type: ignore[misc]
         return private, public
 
