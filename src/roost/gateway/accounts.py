@@ -3,7 +3,8 @@
 Keys of the bucket:
   ``account.<id>``  an `Account` (name, quotas)
   ``key.<AKID>``    a `StoredKey`: the secret sealed with the operator key
-  ``usage.<id>``    a `Usage`: what the account's instances and launches hold
+  ``usage.<id>``    a `Usage`: the holds of the account's launches in flight, and what
+                    they settled that a mirror may not show yet (`roost.gateway.quotas`)
 
 Only gateways and the operator's ``roost accounts``/``roost keys`` read or write it; nodes
 are denied it by NATS permissions (docs/security.md). Secrets are sealed with AES-GCM

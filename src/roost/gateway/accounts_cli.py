@@ -16,11 +16,13 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
+from nats.aio.client import Client
 
 from roost.bus import subjects
 from roost.bus.auth import ENV, NatsAuth
 from roost.bus.connect import connect, key_value
 from roost.domain.accounts import CLASS_NAMES, QUOTA_CLASSES, Quotas, is_account_id
+from roost.domain.catalog import BUILTIN
 from roost.gateway.accounts import (
     OPERATOR_KEY_ENV,
     OPERATOR_KEY_FILE_ENV,
@@ -28,6 +30,7 @@ from roost.gateway.accounts import (
     AccountStore,
     load_operator_key,
 )
+from roost.gateway.quotas import counted_now
 
 T = TypeVar("T")
 
@@ -38,6 +41,11 @@ _json = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
 def _run(nats_urls: tuple[str, ...], work: Callable[[AccountStore], Awaitable[T]]) -> T:
+    return _run_with(nats_urls, lambda store, _nc: work(store))
+
+
+def _run_with(nats_urls: tuple[str, ...],
+              work: Callable[[AccountStore, Client], Awaitable[T]]) -> T:
     try:
         auth = NatsAuth.from_env()
     except (OSError, ValueError) as exc:
@@ -49,7 +57,7 @@ def _run(nats_urls: tuple[str, ...], work: Callable[[AccountStore], Awaitable[T]
         # names its admin user's file), like every other command's --nats-creds.
         nc = await asyncio.wait_for(connect(urls, name="roost-accounts", auth=auth), 10)
         try:
-            return await work(AccountStore(await key_value(nc, subjects.ACCOUNTS_BUCKET)))
+            return await work(AccountStore(await key_value(nc, subjects.ACCOUNTS_BUCKET)), nc)
         finally:
             await nc.close()
 
@@ -123,21 +131,26 @@ def accounts_list(nats_urls: tuple[str, ...], as_json: bool) -> None:
 @_nats
 @_json
 def accounts_show(account_id: str, nats_urls: tuple[str, ...], as_json: bool) -> None:
-    """An account's quotas, what it uses now, and its keys."""
-    async def work(s: AccountStore) -> tuple[Any, Any, Any]:
+    """An account's quotas, what it uses now, and its keys. What it uses is counted as
+    the gateways count it: its running instances (read from the instances bucket) and
+    the launches in flight."""
+    async def work(s: AccountStore, nc: Client) -> tuple[Any, Any, Any, Any]:
         acct = await s.account(account_id)
         if acct is None:
             raise AccountError(f"no account {account_id}")
-        return acct, await s.usage(account_id), await s.keys(account_id)
+        usage = await s.usage(account_id)
+        counted = await counted_now(await key_value(nc, subjects.INSTANCES_BUCKET),
+                                    account_id, usage, BUILTIN.get)
+        return acct, usage, counted, await s.keys(account_id)
 
-    acct, usage, keys = _run(nats_urls, work)
-    now = time.time()
-    by_class, totals = usage.vcpus_by_class(now), usage.totals(now)
+    acct, usage, (totals, unknown), keys = _run_with(nats_urls, work)
+    by_class = totals.vcpus
     q = acct.quotas
     data = {**msgspec.to_builtins(acct),
             "usage": {"vcpus": by_class, "gpus": totals.gpus_milli / 1000,
                       "instances": totals.instances,
-                      "launches_in_flight": len(usage.live_holds(now))},
+                      "launches_in_flight": len(usage.live_holds(time.time())),
+                      "instances_of_unknown_types": unknown},
             "keys": [{"access_key_id": k.access_key_id, "admin": k.admin,
                       "created": k.created, "expires": k.expires} for k in keys]}
 
@@ -149,8 +162,11 @@ def accounts_show(account_id: str, nats_urls: tuple[str, ...], as_json: bool) ->
               for c in QUOTA_CLASSES if c in by_class or c in q.vcpus]
     gpu_limit = None if q.gpus_milli is None else q.gpus_milli / 1000
     lines += [f"  GPUs          {totals.gpus_milli / 1000:g} / {limit(gpu_limit)}",
-              f"  instances     {totals.instances} / {limit(q.instances)}",
-              "  keys:"]
+              f"  instances     {totals.instances} / {limit(q.instances)}"]
+    if unknown:
+        lines.append(f"  ({unknown} running instance(s) of types outside the built-in "
+                     "catalog are not in these sums; the gateways count them)")
+    lines += ["  keys:"]
     lines += [f"    {k.access_key_id}{'  admin' if k.admin else ''}" for k in keys]
     _echo(data, as_json, lines)
 

@@ -37,7 +37,7 @@ from roost.bus import subjects
 from roost.bus.connect import follow_bucket
 from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
-from roost.domain.accounts import DEFAULT_ACCOUNT
+from roost.domain.accounts import COUNTED_STATES, DEFAULT_ACCOUNT, Held, Tally
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
 from roost.gateway.tenancy import confined_to, visible
 
@@ -86,6 +86,16 @@ class InstanceIndex:
         self.on_public_dropped: Callable[[InstanceRecord], None] | None = None
         """Called with the previous record when an instance's public IPv4 address
         changes or goes (the node clears it on stop): that address can be given back."""
+        self.weigh: Callable[[InstanceRecord], Held | None] = lambda _rec: None
+        """What an instance counts against its account's quotas (None: nothing); set
+        before the mirror starts."""
+        self._tallies: dict[str, Tally] = {}
+        """Account -> the sum of what its instances in `COUNTED_STATES` count, kept as
+        records change, so that a quota check does not walk an account's instances."""
+        self._counted: dict[str, Held] = {}
+        """Instance id -> what it adds to its account's tally now."""
+        self._launched: dict[str, int] = {}
+        """Reservation id -> how many of its instances the mirror holds."""
 
     # -- reading -----------------------------------------------------------
 
@@ -115,6 +125,33 @@ class InstanceIndex:
     def find(self, instance_id: str) -> InstanceRecord | None:
         rec = self._records.get(instance_id)
         return None if rec is None or not visible(rec.owner_id) else self._merged(rec)
+
+    def tally(self, account_id: str) -> Tally:
+        """What the account's instances count against its quotas, as this mirror has
+        them (`roost.domain.accounts.Usage.counted` adds what it does not show yet)."""
+        return self._tallies.get(account_id) or Tally()
+
+    def launched(self, reservation_id: str) -> int:
+        """How many instances of the reservation the mirror holds, in any state."""
+        return self._launched.get(reservation_id, 0)
+
+    def _recount(self, old: InstanceRecord | None, new: InstanceRecord | None) -> None:
+        """Move the tallies from ``old`` (the record replaced, or removed) to ``new``."""
+        if old is not None:
+            left = self._launched.get(old.reservation_id, 0) - 1
+            if left > 0:
+                self._launched[old.reservation_id] = left
+            else:
+                self._launched.pop(old.reservation_id, None)
+            held = self._counted.pop(old.instance_id, None)
+            if held is not None:
+                self._tallies[old.owner_id or DEFAULT_ACCOUNT].add(held, -1)
+        if new is not None:
+            self._launched[new.reservation_id] = self._launched.get(new.reservation_id, 0) + 1
+            held = self.weigh(new) if new.state in COUNTED_STATES else None
+            if held is not None:
+                self._counted[new.instance_id] = held
+                self._tallies.setdefault(new.owner_id or DEFAULT_ACCOUNT, Tally()).add(held)
 
     def state_of(self, instance_id: str) -> str | None:
         """The state the mirror holds for ``instance_id``, whoever asks; None if it
@@ -166,6 +203,7 @@ class InstanceIndex:
         cur = self._records.get(rec.instance_id)
         if cur is None or _newer(rec, cur, from_bucket=from_bucket):
             self._records[rec.instance_id] = rec
+            self._recount(cur, rec)
             if (cur is not None and cur.public_ip and rec.public_ip != cur.public_ip
                     and self.on_public_dropped is not None):
                 self.on_public_dropped(cur)
@@ -296,6 +334,7 @@ class InstanceIndex:
             return
         if removed:
             gone = self._records.pop(key, None)
+            self._recount(gone, None)
             if gone is not None and gone.state != "terminated" and self.on_gone is not None:
                 self.on_gone(gone)
             if key in self._tags or key in self._with_user_data:

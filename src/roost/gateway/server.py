@@ -37,7 +37,7 @@ from roost.gateway.metrics import GatewayMetrics
 from roost.gateway.netservice import NetworkService
 from roost.gateway.network import NetworkStore
 from roost.gateway.nodes import NodeClient
-from roost.gateway.quotas import QuotaBook
+from roost.gateway.quotas import QuotaBook, weigher
 from roost.gateway.reads import Ec2Reads
 from roost.gateway.service import Ec2Service, Site
 from roost.gateway.sigv4 import SigV4Verifier
@@ -131,7 +131,6 @@ class Gateway:
                             default_account=config.owner_id)
         self._images: ImageStore | None = None
         self._volumes: VolumeStore | None = None
-        self._quotas: QuotaBook | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
@@ -178,11 +177,13 @@ class Gateway:
                                                region=cfg.region, owner_id=cfg.owner_id,
                                                zones=zones, stripe=cfg.address_stripe,
                                                public_pool=cfg.public_ipv4_pool)
-        self._quotas = quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.state_of)
+        types = TypeRegistry(cfg.catalog, nodes, view)
+        index.weigh = weigher(types.get)
+        quotas = QuotaBook(AccountStore(accounts_kv), self.keys, index.state_of,
+                           index.tally, index.launched)
         volumes = VolumeStore(await key_value(nc, subjects.VOLUMES_BUCKET), index.all)
         self._volumes = volumes
-        index.on_gone = _each(network.instance_gone, volumes.instance_gone,
-                              quotas.instance_gone)
+        index.on_gone = _each(network.instance_gone, volumes.instance_gone)
         index.on_public_dropped = network.public_dropped
         index.group_overrides = network.instance_groups
         network.start(index.all)
@@ -202,7 +203,7 @@ class Gateway:
                                                 workload=cfg.workload))
         site = Site(cfg.region, cfg.owner_id, cfg.max_instances_per_request)
         self.service = service = Ec2Service(
-            site=site, view=view, types=TypeRegistry(cfg.catalog, nodes, view),
+            site=site, view=view, types=types,
             launcher=launcher, nodes=nodes, index=index, tokens=TokenStore(tokens),
             metrics=self.metrics, net=NetworkService(network), templates=templates,
             quotas=quotas,
@@ -267,8 +268,6 @@ class Gateway:
         if self._templates is not None:
             await self._templates.stop()
         await self.keys.stop()
-        if self._quotas is not None:
-            await self._quotas.stop()
         if self._images is not None:
             await self._images.stop()
         if self._volumes is not None:

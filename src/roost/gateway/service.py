@@ -359,13 +359,14 @@ class Ec2Service:
         return "impaired" if self.view.lost(rec.node_id) else "ok"
 
     async def _hold(self, rec: InstanceRecord) -> bool:
-        """Quotas count running instances: a start holds again what a stop gave back."""
+        """Quotas count running instances: a start holds again what a stop gave back
+        (True if it held anything, to give back should the start fail)."""
         owner = rec.owner_id or DEFAULT_ACCOUNT
         if self.quotas is None or not self.quotas.counts(owner):
             return False
         itype = await self.types.resolve(rec.instance_type)
-        await self.quotas.hold_instance(owner, rec.instance_id, demand(itype, 1, time.time()))
-        return True
+        return await self.quotas.hold_instance(owner, rec.instance_id,
+                                               demand(itype, 1, time.time()))
 
     async def _release(self, rec: InstanceRecord) -> None:
         if self.quotas is not None:
