@@ -102,6 +102,9 @@ class CapacityView:
     def __init__(self, clock: Clock, *, full_after: float = FULL_AFTER) -> None:
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
+        self._cannot: set[str] = set()
+        """Nodes whose last snapshot says their driver can launch nothing (usually
+        none): `cannot_launch` is asked on every launch and need not walk every node."""
         self._ids = itertools.count(1)
         self._full_from = clock() + full_after
 
@@ -116,6 +119,7 @@ class CapacityView:
         now = self._clock()
         if cur is None:
             self._nodes[snap.node_id] = _Node(snap, now)
+            self._note_cannot(snap)
             return True
         if snap.boot_id == cur.snap.boot_id:
             if snap.seq <= cur.snap.seq:
@@ -124,7 +128,11 @@ class CapacityView:
             return False
         cur.snap, cur.seen_at, cur.view = snap, now, None
         cur.clear_settled()
+        self._note_cannot(snap)
         return True
+
+    def _note_cannot(self, snap: CapacitySnapshot) -> None:
+        (self._cannot.add if snap.cannot_launch else self._cannot.discard)(snap.node_id)
 
     def _live(self, node: _Node, now: float) -> bool:
         period = max(node.snap.heartbeat_seconds, 0.1)
@@ -151,8 +159,8 @@ class CapacityView:
         can launch nothing (`CapacitySnapshot.cannot_launch`), with the reason each
         gave; `nodes` leaves them out."""
         now = self._clock()
-        return {node_id: n.snap.cannot_launch for node_id, n in self._nodes.items()
-                if n.snap.cannot_launch and self._live(n, now)
+        return {node_id: n.snap.cannot_launch for node_id in sorted(self._cannot)
+                if (n := self._nodes.get(node_id)) is not None and self._live(n, now)
                 and (not zone or n.snap.availability_zone == zone)
                 and n.snap.fit.get(type_name, 0) > 0}
 
@@ -198,6 +206,7 @@ class CapacityView:
         now = self._clock()
         for node_id in [k for k, n in self._nodes.items() if now - n.seen_at > FORGET_AFTER]:
             del self._nodes[node_id]
+            self._cannot.discard(node_id)
         return [
             NodeStatus(n.snap, now - n.seen_at, self._live(n, now))
             for _, n in sorted(self._nodes.items())
@@ -241,6 +250,7 @@ class CapacityView:
         """An operator declared the node gone for good: drop it now, not after
         `FORGET_AFTER`. A snapshot from it later (it came back) adds it again."""
         self._nodes.pop(node_id, None)
+        self._cannot.discard(node_id)
 
     def live_count(self) -> int:
         now = self._clock()
