@@ -179,7 +179,11 @@ async def test_nats_wants_credentials_and_scopes_each_node(up: Up) -> None:
         await spy.close()
 
 
-async def test_the_task_api_refuses_hides_and_runs_on_an_enrolled_worker(up: Up) -> None:
+async def _pools(up: Up) -> None:
+    """Pool ``sec`` (native: its tasks run on workers roost launches) and ``other``, with
+    a token each; made once per cluster, by whichever test asks first."""
+    if "sec" in up.made:
+        return
     db = await open_db(up.env["ROOST_DSN"])
     try:
         await pools_q.create_pool(db, pool_spec(
@@ -191,6 +195,18 @@ async def test_the_task_api_refuses_hides_and_runs_on_an_enrolled_worker(up: Up)
         up.made["other"] = await apitokens.create(db, "other", "other")
     finally:
         await db.close()
+
+
+async def _succeeded(http: httpx.AsyncClient, tid: str, headers: dict[str, str]) -> None:
+    deadline = time.monotonic() + 60
+    while (doc := (await http.get(f"/api/v1/tasks/{tid}", headers=headers)).json()
+           )["status"] != "succeeded":
+        assert time.monotonic() < deadline, doc
+        await asyncio.sleep(0.3)
+
+
+async def test_the_task_api_refuses_hides_and_runs_on_an_enrolled_worker(up: Up) -> None:
+    await _pools(up)
     bearer = {name: {"authorization": f"Bearer {t}"} for name, t in up.made.items()}
     bearer["ops"] = {"authorization": f"Bearer {up.env['ROOST_API_TOKEN']}"}
     async with httpx.AsyncClient(base_url=up.controller, timeout=10) as http:
@@ -223,11 +239,7 @@ async def test_the_task_api_refuses_hides_and_runs_on_an_enrolled_worker(up: Up)
             r = await http.get(f"/api/v1/tasks/{guess}", headers=bearer["ops"])
             assert r.status_code in (400, 404), (guess, r.text)
 
-        deadline = time.monotonic() + 60
-        while (doc := (await http.get(f"/api/v1/tasks/{tid}", headers=bearer["sec"])).json()
-               )["status"] != "succeeded":
-            assert time.monotonic() < deadline, doc
-            await asyncio.sleep(0.3)
+        await _succeeded(http, tid, bearer["sec"])
         # The worker that ran it enrolled: its instance is in the table, once.
         db = await open_db(up.env["ROOST_DSN"])
         try:
@@ -257,6 +269,14 @@ _KEPT = {"env", "credentials.json", "superuser.password", "worker.password", "ap
 
 
 async def test_no_secret_in_user_data_buckets_node_state_or_logs(up: Up) -> None:
+    # A worker the native pool launched, so that its user data is among what is read.
+    await _pools(up)
+    sec = {"authorization": f"Bearer {up.made['sec']}"}
+    async with httpx.AsyncClient(base_url=up.controller, timeout=10) as http:
+        r = await http.post("/api/v1/pools/sec/tasks", headers=sec, json={
+            "payload": {"seconds": 0, "log": str(up.data.parent / "tasks.log")}})
+        assert r.status_code == 201, r.text
+        await _succeeded(http, r.json()["id"], sec)
     secrets = _secrets(up)
     assert all(len(v) >= 16 for v in secrets.values()), secrets.keys()
 
