@@ -14,7 +14,9 @@ from roost.decide.placement import (
     POLICIES,
     FgdPolicy,
     NodeView,
+    Remembering,
     RoostPolicy,
+    best_placement,
     candidates,
     make_policy,
     placements,
@@ -192,7 +194,8 @@ def test_typical_keeps_the_frequent_shapes() -> None:
 def test_fgd_without_a_workload_measures_against_the_request() -> None:
     """Against only itself, a slice fragments nothing wherever it lands: a tie, by id.
     That is why the gateway should pass the workload it has seen."""
-    assert isinstance(make_policy("fgd"), FgdPolicy)
+    fgd = make_policy("fgd")
+    assert isinstance(fgd, Remembering) and isinstance(fgd.inner, FgdPolicy)
     assert rank([EMPTY, BUSY], HALF, policy="fgd")[0].node_id == "a-empty"
     assert rank([EMPTY, BUSY], HALF, policy="fgd", workload=MIX)[0].node_id == "b-busy"
 
@@ -288,3 +291,27 @@ def test_a_declared_workload_weighs_shapes_by_type() -> None:
     assert shares == {Demand.of(BUILTIN["g5.xlarge"]): round(3 / 4.5, 4),
                       Demand.of(BUILTIN["gs1.quarter"]): round(1 / 4.5, 4),
                       Demand.of(BUILTIN["g5.2xlarge"]): round(0.5 / 4.5, 4)}
+
+
+@pytest.mark.parametrize("name", ["roost", "fgd", "dotprod", "pack", "spread"])
+def test_remembered_verdicts_rank_as_fresh_ones_and_follow_a_changed_node(name: str) -> None:
+    """The memo answers for a node's view object only: a node that changed (a new view
+    under the same id) is scored again, and every ranking equals a fresh policy's."""
+    rng = random.Random(7)
+    views = [node(f"n{i:02d}", cpu=rng.randrange(2000, 16_001, 1000),
+                  mem=rng.randrange(4096, 65_537, 4096), gpus=(1000,) * rng.randrange(0, 3))
+             for i in range(20)]
+    policy = make_policy(name, MIX)
+    assert isinstance(policy, Remembering)
+    for step in range(40):
+        for itype in (SMALL, WHOLE, HALF):
+            fresh = placements(views, itype, policy=Remembering(policy.inner))
+            assert placements(views, itype, policy=policy) == fresh, (step, itype.name)
+            skip = {p.node.node_id for p in fresh[:step % 3]}  # nodes a launch tried
+            assert best_placement(views, itype, policy=policy, skip=skip) == next(
+                (p for p in fresh if p.node.node_id not in skip), None)
+        k = rng.randrange(len(views))  # one node changes, as after a launch on it
+        old = views[k]
+        views[k] = node(old.node_id, cpu=max(0, old.free.resources.cpu_milli - 2000),
+                        mem=old.free.resources.mem_mib, total_cpu=old.allocatable.cpu_milli,
+                        total_mem=old.allocatable.mem_mib, gpus=old.free.gpu_free[1:])

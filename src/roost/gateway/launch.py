@@ -33,7 +33,7 @@ from datetime import datetime
 import msgspec
 
 from roost.bus.schemas import InstanceCommand, InstanceRecord, LaunchReply, LaunchRequest
-from roost.decide.placement import DEFAULT_POLICY, placements
+from roost.decide.placement import DEFAULT_POLICY, best_placement, placements
 from roost.decide.workload import Workload, WorkloadWindow
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
@@ -140,13 +140,11 @@ class Launcher:
                         ) -> InstanceRecord | None:
         tried: set[str] = set()
         for _ in range(self._policy.max_attempts):
-            ranked = [p for p in placements(self._view.nodes(zone), itype,
-                                            policy=self._policy.policy, rng=self._rng,
-                                            workload=workload)
-                      if p.node.node_id not in tried]
-            if not ranked:
+            best = best_placement(self._view.nodes(zone), itype, policy=self._policy.policy,
+                                  rng=self._rng, workload=workload, skip=tried)
+            if best is None:
                 return None
-            node_id, devices = ranked[0].node.node_id, [i for i, _ in ranked[0].gpus]
+            node_id, devices = best.node.node_id, [i for i, _ in best.gpus]
             tried.add(node_id)
             hold = self._view.hold(node_id, itype, devices)
             try:
