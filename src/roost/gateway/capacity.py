@@ -55,6 +55,12 @@ class _Node:
     view: NodeView | None = None
     """What `CapacityView.nodes` made of the above, until any of it changes: placement
     reads every node on every launch, and most nodes did not change since the last."""
+    live_until: float = 0.0
+    """When the node is lost unless another snapshot comes (`MISSED_HEARTBEATS` of its
+    periods after this one): worked out once per snapshot, not per node per launch."""
+
+    def __post_init__(self) -> None:
+        self.live_until = _live_until(self.snap, self.seen_at)
 
     def clear_settled(self) -> None:
         """Drop holds the current snapshot already covers."""
@@ -76,6 +82,10 @@ class NodeStatus:
     snap: CapacitySnapshot
     age_seconds: float
     live: bool
+
+
+def _live_until(snap: CapacitySnapshot, seen_at: float) -> float:
+    return seen_at + MISSED_HEARTBEATS * max(snap.heartbeat_seconds, 0.1)
 
 
 def _free(snap: CapacitySnapshot) -> FreeCapacity:
@@ -127,6 +137,7 @@ class CapacityView:
         elif snap.sent_at < cur.snap.sent_at:
             return False
         cur.snap, cur.seen_at, cur.view = snap, now, None
+        cur.live_until = _live_until(snap, now)
         cur.clear_settled()
         self._note_cannot(snap)
         return True
@@ -134,16 +145,16 @@ class CapacityView:
     def _note_cannot(self, snap: CapacitySnapshot) -> None:
         (self._cannot.add if snap.cannot_launch else self._cannot.discard)(snap.node_id)
 
-    def _live(self, node: _Node, now: float) -> bool:
-        period = max(node.snap.heartbeat_seconds, 0.1)
-        return now - node.seen_at <= MISSED_HEARTBEATS * period
+    @staticmethod
+    def _live(node: _Node, now: float) -> bool:
+        return now <= node.live_until
 
     def nodes(self, zone: str = "") -> list[NodeView]:
         """Live nodes as placement sees them, in-flight launches subtracted."""
         now = self._clock()
         out = []
         for node_id, n in self._nodes.items():
-            if (not self._live(n, now) or (zone and n.snap.availability_zone != zone)
+            if (now > n.live_until or (zone and n.snap.availability_zone != zone)
                     or n.snap.cannot_launch):
                 continue
             if n.view is None:
