@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import nats
 from nats.aio.client import Client
@@ -175,6 +175,46 @@ async def follow_bucket(kv: KeyValue, what: str, *, on_entry: Callable[[KeyValue
             await advisory.unsubscribe()
 
 
+class _Progress:
+    delivered = 0
+    """Bucket entries handed on by every `follow_bucket` of this process."""
+
+
+_PROGRESS = _Progress()
+
+
+def entries_delivered() -> int:
+    """How many bucket entries this process's mirrors have taken in so far."""
+    return _PROGRESS.delivered
+
+
+async def until_synced(wait: Awaitable[object], *, stall: float, what: str) -> None:
+    """Await ``wait`` (mirrors catching up with their buckets) for as long as entries
+    keep coming: fail with TimeoutError only after ``stall`` seconds in which none came.
+
+    A fixed deadline failed a gateway restarted beside 100,000 instances, whose mirrors
+    take in several hundred thousand entries at start on a busy host; a bus that says
+    nothing still fails as fast as before. Logs progress while it waits."""
+    task = asyncio.ensure_future(wait)
+    seen = entries_delivered()
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=stall)
+            if done:
+                task.result()
+                return
+            now = entries_delivered()
+            if now == seen:
+                raise TimeoutError(f"{what}: no bucket entry came for {stall:g} s "
+                                   f"({now} taken in so far)")
+            log.info("%s: still catching up (%d bucket entries so far)", what, now)
+            seen = now
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def _deliver_until(watcher: KeyValue.KeyWatcher,
                          on_entry: Callable[[KeyValue.Entry], None], synced: asyncio.Event,
                          recreated: asyncio.Event) -> bool:
@@ -185,6 +225,7 @@ async def _deliver_until(watcher: KeyValue.KeyWatcher,
             if entry is None:
                 synced.set()
                 continue
+            _PROGRESS.delivered += 1
             on_entry(entry)
 
     pumping = asyncio.ensure_future(pump())
@@ -219,7 +260,7 @@ class BucketMirror:
             follow_bucket(self._kv, self._what, on_entry=self._on_entry,
                           synced=self._synced), name=f"watch-{self._what}")
 
-    async def wait_synced(self, timeout: float) -> None:
+    async def wait_synced(self, timeout: float | None) -> None:
         await asyncio.wait_for(self._synced.wait(), timeout)
 
     async def stop(self) -> None:

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from roost.bus import subjects
 from roost.bus.auth import NatsAuth
-from roost.bus.connect import connect, key_value
+from roost.bus.connect import connect, key_value, until_synced
 from roost.bus.schemas import (
     CapacitySnapshot,
     CommandReply,
@@ -177,7 +177,8 @@ class LiveSource:
                                     await key_value(nc, subjects.TAGS_BUCKET),
                                     await key_value(nc, subjects.USER_DATA_BUCKET))
         self._index.start()
-        await self._index.wait_synced(sync_timeout)
+        await until_synced(self._index.wait_synced(None), stall=sync_timeout,
+                           what="dashboard start")
         self._http = httpx.AsyncClient(timeout=self.timeout)
 
     def _on_capacity(self, view: CapacityView) -> Callable[[Msg], Awaitable[None]]:

@@ -296,7 +296,7 @@ class InstanceIndex:
             self._tasks.append(asyncio.create_task(self._follow(self._orders_kv, "orders"),
                                                    name="watch-orders"))
 
-    async def wait_synced(self, timeout: float) -> None:
+    async def wait_synced(self, timeout: float | None) -> None:
         await asyncio.wait_for(
             asyncio.gather(*(e.wait() for e in self._synced.values())), timeout
         )

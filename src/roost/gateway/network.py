@@ -552,7 +552,7 @@ class NetworkStore:
                        for what, kv in self._kvs.items()]
         self._tasks.append(asyncio.create_task(self._sweeper(records), name="sweep-addresses"))
 
-    async def wait_synced(self, timeout: float) -> None:
+    async def wait_synced(self, timeout: float | None) -> None:
         await asyncio.wait_for(
             asyncio.gather(*(e.wait() for e in self._synced.values())), timeout)
 

@@ -21,7 +21,7 @@ from nats.aio.msg import Msg
 
 from roost.bus import subjects
 from roost.bus.auth import NatsAuth
-from roost.bus.connect import connect, key_value
+from roost.bus.connect import connect, key_value, until_synced
 from roost.bus.schemas import CapacitySnapshot, InstanceRecord, decode
 from roost.decide.placement import DEFAULT_POLICY, POLICIES
 from roost.decide.workload import Workload
@@ -147,6 +147,8 @@ class Gateway:
         return endpoint_url(self.config.host, self.port)
 
     async def start(self, *, sync_timeout: float = 15.0) -> None:
+        """Connect, follow the buckets and serve once every mirror has caught up; fail
+        if ``sync_timeout`` seconds pass with no bucket entry coming in meanwhile."""
         cfg = self.config
         self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway", auth=cfg.nats_auth)
         records = await key_value(nc, subjects.INSTANCES_BUCKET)
@@ -192,12 +194,11 @@ class Gateway:
         images.start()
         index.start()
         self.keys.start(accounts_kv)
-        await asyncio.gather(index.wait_synced(sync_timeout),
-                             asyncio.wait_for(self.keys.synced.wait(), sync_timeout),
-                             network.wait_synced(sync_timeout),
-                             volumes.wait_synced(sync_timeout),
-                             templates.wait_synced(sync_timeout),
-                             images.wait_synced(sync_timeout))
+        await until_synced(asyncio.gather(index.wait_synced(None), self.keys.synced.wait(),
+                                          network.wait_synced(None), volumes.wait_synced(None),
+                                          templates.wait_synced(None),
+                                          images.wait_synced(None)),
+                           stall=sync_timeout, what="gateway start")
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload))

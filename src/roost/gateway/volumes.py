@@ -188,7 +188,7 @@ class VolumeStore:
             follow_bucket(self._kv, "volumes", on_entry=self._on_entry, synced=self._synced),
             name="watch-volumes")]
 
-    async def wait_synced(self, timeout: float) -> None:
+    async def wait_synced(self, timeout: float | None) -> None:
         await asyncio.wait_for(self._synced.wait(), timeout)
 
     async def stop(self) -> None:
