@@ -716,7 +716,14 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         for n, workers in enumerate((first, *others)):
             if n:
                 await pool.stop()
-                pool = await _pool(urls, workers, key, secret, types, nodes)
+                try:
+                    pool = await _pool(urls, workers, key, secret, types, nodes)
+                except (RuntimeError, TimeoutError, OSError) as exc:
+                    # Keep what was measured: a pool that cannot start is a result too.
+                    out["bursts"].append({"gateway_processes": workers,
+                                          "failed": f"the gateway pool did not start: {exc}"})
+                    say(f"  burst with {workers} gateway processes: not run ({exc})")
+                    break
                 await client.retarget(Signer(pool.endpoint, key, secret, "roost-1"))
             burst = burst_schedule(source, count=s.burst, seconds=s.burst_seconds,
                                    life_scale=steady.life_scale, start=len(steady.items))
@@ -754,13 +761,16 @@ def format_markdown(report: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for st in report["steps"]:
         rows = [(st["fill"], st["gateway_workers"][0]), (st["steady"], st["gateway_workers"][0])]
-        rows += [(b, b["gateway_processes"]) for b in st["bursts"]]
+        rows += [(b, b["gateway_processes"]) for b in st["bursts"] if "failed" not in b]
         for ph, gw in rows:
             lines.append(
                 f"| {st['nodes']} | {st['live_after_fill']} | {ph['phase']} | {gw} | "
                 f"{ph['launches_per_second']} | {ph['p50_ms']} | {ph['p99_ms']} | "
                 f"{ph['retries_per_launch']} | {ph['ice']} | {ph['false_ice']} | "
                 f"{ph['ice_beside_departures']} | {sum(ph['errors'].values())} |")
+        lines += [f"| {st['nodes']} | {st['live_after_fill']} | burst | "
+                  f"{b['gateway_processes']} | {b['failed']} |" + " |" * 7
+                  for b in st["bursts"] if "failed" in b]
     lines += ["", "| nodes | probe p50 at 0 / at live ms | ratio | mirror lag p50 / max ms "
               "| gateway MiB per 100k instances (per process) | DescribeInstances p50 ms: "
               "one id / page of 1,000 / filtered page |", "|---|---|---|---|---|---|"]
@@ -791,6 +801,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         rate.plot(xs, [st[name]["launches_per_second"] for st in steps], marker="o",
                   label=name)
     for k in range(len(steps[0]["bursts"]) if steps else 0):
+        if any(len(st["bursts"]) <= k or "failed" in st["bursts"][k] for st in steps):
+            continue  # that pool did not start: nothing to draw
         gw = steps[0]["bursts"][k]["gateway_processes"]
         lat.plot(xs, [st["bursts"][k]["p50_ms"] for st in steps], marker="s",
                  label=f"burst p50, {gw} gw")
