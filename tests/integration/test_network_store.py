@@ -132,6 +132,30 @@ async def test_sweep_frees_addresses_no_instance_holds(
     assert a.addresses_in_use(subnet.subnet_id) == 0, ip
 
 
+async def test_one_process_of_a_pool_gives_back_and_the_sweep_covers_a_miss(
+        stores: tuple[NetworkStore, NetworkStore]) -> None:
+    """Of a pool's processes one gives back an ended instance's address (not all n);
+    should it miss it, the sweep of any process takes it back at once, young or not."""
+    a, b = stores
+    a.stripe, b.stripe = (0, 2), (1, 2)
+    owners = [[store._gives_back(f"r-{k}-0") for store in (a, b)] for k in range(200)]
+    assert all(sum(o) == 1 for o in owners)
+    assert 60 < sum(o[0] for o in owners) < 140  # spread over both
+    subnet = a.default_subnet_for("roost-1a")
+    k = next(k for k, o in enumerate(owners) if o[1])  # b's to give back
+    ip = await a.allocate(subnet, f"r-{k}-0")
+    rec = s.InstanceRecord(instance_id="i-0123456789abcdef2", node_id="n1",
+                           instance_type="t3.micro", image_id="ami-00000000000000001",
+                           state="terminated", launch_id=f"r-{k}-0", reservation_id=f"r-{k}",
+                           launch_time="2026-01-01T00:00:00Z", availability_zone="roost-1a",
+                           private_ip=ip, network=s.InstanceNetwork(subnet_id=subnet.subnet_id))
+    a.instance_gone(rec)  # not a's: nothing written
+    await asyncio.sleep(0.2)
+    assert a.addresses_in_use(subnet.subnet_id) == 1
+    assert await a.sweep([rec], now=time.time()) == 1  # b missed it (say it restarted)
+    assert a.addresses_in_use(subnet.subnet_id) == 0
+
+
 async def test_group_names_are_unique_across_gateways(
         stores: tuple[NetworkStore, NetworkStore]) -> None:
     a, b = stores

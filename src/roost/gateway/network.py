@@ -20,6 +20,7 @@ import base64
 import ipaddress
 import logging
 import time
+import zlib
 from collections.abc import Callable, Container, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -79,6 +80,8 @@ ORPHAN_AFTER = 600.0
 """Seconds after which an address no instance names is taken back (a gateway died
 between allocating it and launching); longer than any launch may take."""
 SWEEP_EVERY = 60.0
+CHORES_AT_ONCE = 64
+"""Background writes (address releases, group records) in flight at once, per process."""
 _RETRIES = 20
 _ADDRESS_RETRIES = 64
 """Each lost race moves on to another address, so only a crowd of gateways allocating
@@ -150,6 +153,7 @@ class NetworkStore:
         self._synced = {k: asyncio.Event() for k in self._kvs}
         self._tasks: list[asyncio.Task[None]] = []
         self._chores: set[asyncio.Task[None]] = set()
+        self._chore_slots = asyncio.Semaphore(CHORES_AT_ONCE)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -498,9 +502,21 @@ class NetworkStore:
             if at < skip:
                 self._scanned[subnet_id] = (subnet, at)
 
+    def _gives_back(self, launch_id: str) -> bool:
+        """Whether this process gives back what ``launch_id`` held when its instance
+        ends. Every process of a pool sees every instance end; one of them (by a stable
+        hash of the launch, over the pool's `stripe`) writes the deletes, so a pool of n
+        does not send n for each address, n - 1 of them refused. One that missed it
+        (it was restarting) leaves it to the sweep of any process."""
+        index, count = self.stripe
+        return count <= 1 or zlib.crc32(launch_id.encode()) % count == index
+
     def instance_gone(self, rec: InstanceRecord) -> None:
-        """An instance terminated or expired: its address comes back (in the background,
-        every gateway may try; deletes are conditional and idempotent)."""
+        """An instance terminated or expired: its address comes back (in the background;
+        deletes are conditional and idempotent, so another gateway trying too is
+        harmless)."""
+        if not self._gives_back(rec.launch_id):
+            return
         if rec.instance_id in self.instance_groups:
             self._chore(self._forget_groups(rec.instance_id))
         if rec.public_ip:
@@ -511,7 +527,8 @@ class NetworkStore:
 
     def public_dropped(self, rec: InstanceRecord) -> None:
         """``rec``'s public address is no longer its own (it stopped): give it back."""
-        self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
+        if self._gives_back(rec.launch_id):
+            self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
 
     async def _forget_groups(self, instance_id: str) -> None:
         try:
@@ -521,29 +538,42 @@ class NetworkStore:
 
     async def sweep(self, records: Iterable[InstanceRecord], now: float) -> int:
         """Take back addresses that no live instance holds and that are older than
-        `ORPHAN_AFTER` (a gateway died mid-launch), and those of terminated instances
-        whose release was missed. Returns how many were freed."""
-        records = list(records)
-        live = {(r.network.subnet_id, r.private_ip): r.launch_id for r in records
-                if r.network is not None and r.private_ip and r.state != "terminated"}
-        live.update({(PUBLIC_POOL_ID, r.public_ip): r.launch_id for r in records
-                     if r.public_ip and r.state != "terminated"})
+        `ORPHAN_AFTER` (a gateway died mid-launch), and at once those of terminated
+        instances whose release was missed (the process that gives them back was down).
+        Returns how many were freed."""
+        live: dict[tuple[str, str], str] = {}
+        ended: set[str] = set()
+        for r in records:
+            if r.state == "terminated":
+                ended.add(r.launch_id)
+                continue
+            if r.network is not None and r.private_ip:
+                live[(r.network.subnet_id, r.private_ip)] = r.launch_id
+            if r.public_ip:
+                live[(PUBLIC_POOL_ID, r.public_ip)] = r.launch_id
         freed = 0
         for subnet_id, held in list(self._addresses.items()):
             for n, (_, claim) in list(held.items()):
                 ip = str(ipaddress.IPv4Address(n))
                 if live.get((subnet_id, ip)) == claim.launch_id:
                     continue
-                if now - claim.at < ORPHAN_AFTER:
-                    continue
+                if now - claim.at < ORPHAN_AFTER and claim.launch_id not in ended:
+                    continue  # a launch may still be in flight; an ended one is not
                 await self.release(subnet_id, ip, claim.launch_id)
                 freed += 1
         return freed
 
     def _chore(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(self._bounded(coro))
         self._chores.add(task)
         task.add_done_callback(self._chores.discard)
+
+    async def _bounded(self, coro: Coroutine[Any, Any, None]) -> None:
+        """At most `CHORES_AT_ONCE` background writes in flight: a TerminateInstances of
+        a thousand ids ended a thousand instances at once, and as many KV deletes sent
+        together timed out at the server (the sweep then had to take them back)."""
+        async with self._chore_slots:
+            await coro
 
     # -- watching --------------------------------------------------------------------
 
