@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 
 Op = Literal["stop", "start", "terminate", "reboot"]
 DRY_RUN = "Request would have succeeded, but DryRun flag is set."
+PARALLEL_COMMANDS = 32
+"""Stop, start and terminate commands of one request in flight at once (as
+`roost.gateway.launch.PARALLEL_LAUNCHES` for launches)."""
 _VERBS = {"stop": "stopped", "start": "started", "terminate": "terminated",
           "reboot": "rebooted"}
 
@@ -306,10 +309,16 @@ class Ec2Service:
         # Force means "stop without waiting" and nothing else: termination protection is
         # lifted only by the gateway's own rollback (`Launcher.rollback`).
         force = req.force and op == "stop"
-        results = await asyncio.gather(
-            *(self._command(op, rec, force=force) for rec in records),
-            return_exceptions=True,
-        )
+        # A request may name a thousand instances; all sent at once, the nodes' answers
+        # came after the command timeout (NodeTimeout, 503) for many of them.
+        gate = asyncio.Semaphore(PARALLEL_COMMANDS)
+
+        async def one(rec: InstanceRecord) -> StateChange:
+            async with gate:
+                return await self._command(op, rec, force=force)
+
+        results = await asyncio.gather(*(one(rec) for rec in records),
+                                       return_exceptions=True)
         changes = []
         for res in results:
             if isinstance(res, BaseException):
