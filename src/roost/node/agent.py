@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 St = InstanceState
 ORDERS_EVERY = 20.0
 """Seconds (at least ten heartbeats) between two reads of a node's orders while it runs."""
+EXPIRE_BATCH = 64
+"""Expired records forgotten at once: their KV deletes together, one SQLite commit."""
 ORDERS_READ_TIMEOUT = 10.0
 """Seconds one read of the orders may take; past it the node starts (or beats) without
 them and reads them again later."""
@@ -437,18 +439,35 @@ class NodeAgent:
     async def _expire_terminated(self) -> None:
         """Forget instances terminated longer ago than the retention: the KV entry first
         (gateways drop the instance, its tags and user data when they see it go), then
-        the local row and directory. A failure leaves the row for the next round."""
+        the local row and directory. A failure leaves the row for the next round.
+
+        Done in batches, off the event loop where it touches the disk: a node forgetting
+        hundreds of instances at once, one KV round trip, one SQLite commit and one
+        directory removal after another on its loop, answered no launch or command
+        meanwhile (gateways saw NodeTimeout)."""
         cutoff = datetime.now(UTC).timestamp() - self.config.terminated_retention_seconds
-        for iid, rec in list(self._records.items()):
-            if rec.state != St.TERMINATED.value or _stamp(rec.updated_at) > cutoff:
-                continue
+        due = [iid for iid, rec in self._records.items()
+               if rec.state == St.TERMINATED.value and _stamp(rec.updated_at) <= cutoff]
+        for start in range(0, len(due), EXPIRE_BATCH):
+            batch = due[start:start + EXPIRE_BATCH]
             if self._kv is not None:
-                await self._kv.delete(iid)
-            self.state.delete(iid)
-            del self._records[iid]
-            shutil.rmtree(self._workdir(iid), ignore_errors=True)
-            log.info("node %s: forgot %s, terminated at %s", self.node_id, iid,
-                     rec.updated_at)
+                kv = self._kv
+                done = await asyncio.gather(*(kv.delete(iid) for iid in batch),
+                                            return_exceptions=True)
+                failed = [r for r in done if isinstance(r, BaseException)]
+                if failed:
+                    log.warning("node %s: %d expired records stay for the next round (%r)",
+                                self.node_id, len(failed), failed[0])
+                batch = [iid for iid, r in zip(batch, done, strict=True)
+                         if not isinstance(r, BaseException)]
+            self.state.delete_many(batch)
+            for iid in batch:
+                self._records.pop(iid, None)
+            dirs = [self._workdir(iid) for iid in batch]
+            await asyncio.to_thread(_remove_all, dirs)
+            if batch:
+                log.info("node %s: forgot %d instances terminated before %s", self.node_id,
+                         len(batch), datetime.fromtimestamp(cutoff, UTC).isoformat())
 
     # --- launches ---------------------------------------------------------------------
 
@@ -750,6 +769,11 @@ class NodeAgent:
 
     def holds(self, instance_id: str) -> bool:
         return instance_id in self._records
+
+
+def _remove_all(dirs: list[Path]) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _stamp(iso: str) -> float:

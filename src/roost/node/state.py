@@ -56,7 +56,13 @@ class NodeState:
         )
 
     def delete(self, instance_id: str) -> None:
-        self._db.execute("DELETE FROM instances WHERE instance_id = ?", (instance_id,))
+        self.delete_many([instance_id])
+
+    def delete_many(self, instance_ids: list[str]) -> None:
+        """Forget these instances in one transaction (one WAL commit, not one each)."""
+        with self._db:
+            self._db.executemany("DELETE FROM instances WHERE instance_id = ?",
+                                 [(iid,) for iid in instance_ids])
 
     def set_user_data(self, instance_id: str, user_data: str) -> None:
         self._db.execute("UPDATE instances SET user_data = ? WHERE instance_id = ?",
