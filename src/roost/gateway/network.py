@@ -59,8 +59,10 @@ from roost.domain.network import (
 from roost.gateway.tenancy import account, visible
 
 log = logging.getLogger(__name__)
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code for a conditional write whose expected revision moved on."""
+WRONG_LAST_SEQUENCE = (10071, 10164)
+"""JetStream's error codes for a conditional write whose expected revision moved on:
+10071 names the sequence found; 10164, without it, is what a clustered stream answered
+(seen with 4 gateway processes releasing one address on a 3-server cluster)."""
 
 
 class _AnyOf:
@@ -483,7 +485,7 @@ class NetworkStore:
         except nats.js.errors.KeyWrongLastSequenceError:
             return
         except nats.js.errors.BadRequestError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:  # KV's delete raises it unwrapped:
+            if exc.err_code in WRONG_LAST_SEQUENCE:  # KV's delete raises it unwrapped:
                 return  # another gateway (or worker of this one) released it first
             log.warning("could not release %s in %s: %s", ip, subnet_id, exc)  # names the code
             return
