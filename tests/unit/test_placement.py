@@ -315,3 +315,15 @@ def test_remembered_verdicts_rank_as_fresh_ones_and_follow_a_changed_node(name: 
         views[k] = node(old.node_id, cpu=max(0, old.free.resources.cpu_milli - 2000),
                         mem=old.free.resources.mem_mib, total_cpu=old.allocatable.cpu_milli,
                         total_mem=old.allocatable.mem_mib, gpus=old.free.gpu_free[1:])
+
+
+def test_a_spread_pick_is_one_of_the_best_few_and_not_always_the_same() -> None:
+    """Placers sharing a view (a gateway pool's processes) pick among the best k, so
+    that they do not all send their launches to the one best node."""
+    rng = random.Random(3)
+    views = [node(f"n{i}", cpu=2000 * (i + 1), mem=4096 * (i + 1)) for i in range(10)]
+    ranked = [p.node.node_id for p in placements(views, SMALL, policy="pack")]
+    assert best_placement(views, SMALL, policy="pack").node.node_id == ranked[0]
+    picks = {best_placement(views, SMALL, policy="pack", rng=rng, spread=3).node.node_id
+             for _ in range(60)}
+    assert picks == set(ranked[:3])

@@ -12,6 +12,7 @@ Ties between equally good nodes break by node id, so a ranking is reproducible.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Callable, Container, Sequence
@@ -434,10 +435,14 @@ def best_placement(
     rng: random.Random | None = None,
     workload: Workload | None = None,
     skip: Container[str] = (),
+    spread: int = 1,
 ) -> Placement | None:
     """The first of `placements` whose node is not in ``skip``, found without ordering
     them all (a launch wants one node, and a thousand sorted per launch cost more than
-    the pick)."""
+    the pick). With ``spread`` k > 1, one of the best k at random: k placers working
+    from the same view (the processes of one gateway pool, which do not see each
+    other's launches in flight) then rarely send their launches to the same node, where
+    all but the first would find its last room gone and try again elsewhere."""
     pol = (make_policy(policy, workload, gpu_inventory(nodes)) if isinstance(policy, str)
            else policy)
     found = [p for p in _fitting(pol, nodes, itype) if p.node.node_id not in skip]
@@ -445,6 +450,9 @@ def best_placement(
         return None
     if pol.randomized:
         return (rng or random.Random()).choice(found)
+    if spread > 1:
+        return (rng or random.Random()).choice(heapq.nsmallest(spread, found,
+                                                                key=_best_first))
     return min(found, key=_best_first)
 
 

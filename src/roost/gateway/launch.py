@@ -94,6 +94,9 @@ class LaunchPolicy:
     """...this many requests,"""
     workload_refresh: int = 500
     """...rebuilt after this many (each rebuild re-measures)."""
+    spread: int = 1
+    """Placers sharing one view of the cluster (the processes of a gateway pool): each
+    launch goes to one of the best this many nodes, at random (`best_placement`)."""
 
 
 class Launcher:
@@ -141,7 +144,8 @@ class Launcher:
         tried: set[str] = set()
         for _ in range(self._policy.max_attempts):
             best = best_placement(self._view.nodes(zone), itype, policy=self._policy.policy,
-                                  rng=self._rng, workload=workload, skip=tried)
+                                  rng=self._rng, workload=workload, skip=tried,
+                                  spread=self._policy.spread)
             if best is None:
                 return None
             node_id, devices = best.node.node_id, [i for i, _ in best.gpus]
