@@ -51,6 +51,10 @@ BENCHMARKS = {
                          "InsufficientInstanceCapacity latency."),
     "placement": BenchEntry("roost.bench.placement", "placement_command",
                             "GPU placement quality: the FGD protocol on the Alibaba openb trace."),
+    "placement-cost": BenchEntry("roost.bench.placement_cost", "placement_cost",
+                                 "CPU per launch placed by the roost policy, by cluster size: "
+                                 "every node scored afresh, verdicts remembered, and the "
+                                 "gateway's pick of the best node only."),
     "scale": BenchEntry("roost.bench.scale", "scale",
                         "Hundreds of sim nodes and ~100,000 live instances from the Azure VM "
                         "trace: launch rate and latency, retries, false capacity errors, "

@@ -327,3 +327,16 @@ def test_a_spread_pick_is_one_of_the_best_few_and_not_always_the_same() -> None:
     picks = {best_placement(views, SMALL, policy="pack", rng=rng, spread=3).node.node_id
              for _ in range(60)}
     assert picks == set(ranked[:3])
+
+
+def test_the_placement_cost_bench_prints_a_row_per_size() -> None:
+    from click.testing import CliRunner
+
+    from roost.bench.placement_cost import placement_cost
+
+    out = CliRunner().invoke(placement_cost, ["--nodes", "20", "--nodes", "40",
+                                              "--launches", "10"])
+    assert out.exit_code == 0, out.output
+    rows = [line for line in out.output.splitlines() if line.startswith("| 20 |")
+            or line.startswith("| 40 |")]
+    assert len(rows) == 2 and all(line.endswith("x |") for line in rows)
