@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from roost.decide.demand import Estimates, burst_rate, size
+from roost.decide.demand import Estimates, burst_rate, in_service, size
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
 from roost.decide.plan import PoolHistory, disruption_budget, growth_limit
 from roost.decide.snapshot import (
@@ -56,6 +56,10 @@ def _est(service: float | None, startup: float | None = None) -> Estimates:
         ("a measured start-up replaces the default",
          Demand(600, 10, 5.0), _est(1.0, startup=120.0), 2, 10),
         ("never above queued + running", Demand(3, 0, 100.0), _est(1.0), 1, 3),
+        # 14 running where 10/s x 1 s predicts 10: within 2 sd of the noise (sd 3.2), so
+        # mostly the rate's figure ((1 x 14 + 30 x 10) / 31 = 10.1), not the noisy count
+        ("running within noise of arrivals x service reads mostly the rate",
+         Demand(0, 14, 10.0), _est(1.0), 10, 11),
     ],
 )
 def test_demand_model(rule: str, demand: Demand, est: Estimates, replicas: int,
@@ -216,6 +220,38 @@ def test_a_pool_that_grows_again_soon_after_shrinking_holds_longer() -> None:
                {"p": h}, settings=settings,
                now=later).pool("p")
     assert calm.desired_replicas == 10 and "300s" in calm.reason
+
+
+def test_a_pool_that_keeps_up_when_it_grows_again_is_not_flapping() -> None:
+    s = spec(disruption_replicas=5)
+    settings = replace(SETTINGS, flap_window=300.0)
+    est = Estimates(service=1.0, service_at=NOW)
+    hist = replace(held(50, seconds=40), shrunk_at=NOW - 60, estimates=est)
+
+    def back(queued: int) -> PoolHistory:
+        inputs = replace(pool(s, replicas=1), demand=Demand(queued, 50, 50.0, 1.0))
+        got = run(snap(inputs), {"p": hist}, settings=settings).pool("p")
+        assert any(isinstance(x, ScaleUp) for x in got.steps)
+        return got.history
+
+    # a rise the windows follow (nothing queued): the scale-down was right
+    assert back(0).flap_until is None
+    # a queue the one replica cannot clear before a new one starts: the shrink left it
+    # short, and it flaps
+    assert back(50).flap_until == NOW + 300
+
+
+def test_in_service_weighs_the_running_count_against_the_rate_by_their_noise() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0)
+    # short tasks: the rate's figure is the steadier one
+    busy, agree = in_service(36, 32.0, 2.0, s)
+    assert agree and busy == pytest.approx((2 * 36 + 30 * 32) / 32)
+    # tasks as long as the rate window: half and half
+    busy, agree = in_service(320, 300.0, 30.0, s)
+    assert agree and busy == pytest.approx(310.0)
+    # far beyond the noise (a rise the rate window lags): the running count
+    assert in_service(60, 32.0, 2.0, s) == (60.0, False)
+    assert in_service(10, 32.0, 2.0, s) == (10.0, False)
 
 
 def test_an_idle_pool_scales_from_zero_without_the_window() -> None:

@@ -7,10 +7,12 @@ and KEDA as `roost.bench.autoscale` models them:
 - **synthetic**, generated here from a seed, per second: a 10x step up, a step down, a
   spike train (10 s bursts every 5 minutes), a sawtooth, a noisy diurnal sine, and
   on/off Poisson bursts. The defaults were chosen on these (the *tuning* set);
-- **held out**, never tuned on: the WorldCup98 busiest day (per minute, the trace's
-  resolution) and the Azure LLM code-service hour at its own resolution (each request's
-  timestamp; scaling to a peak keeps every request's time and draws ``Poisson(factor)``
-  copies of it within the same second).
+- the WorldCup98 busiest day (per minute, the trace's resolution): held out at first,
+  it is *tuning* since the noise-weighted tasks in service and the flap guard's
+  short-of-capacity condition, which were chosen while looking at it;
+- **held out**, never tuned on: the Azure LLM code-service hour at its own resolution
+  (each request's timestamp; scaling to a peak keeps every request's time and draws
+  ``Poisson(factor)`` copies of it within the same second).
 
 Each curve runs at every point of a matrix: peaks (tasks/s of the busiest minute),
 replica start-up times and mean service times. The default matrix is the issue's
@@ -196,7 +198,7 @@ def curves(data_dir: Path, *, full: bool) -> tuple[list[Curve], list[str]]:
     missing = []
     wc = data_dir / WORLDCUP_FILE
     if wc.is_file():
-        out.append(Curve("worldcup98-busiest-day", HELD_OUT, "1 min", _worldcup(wc),
+        out.append(Curve("worldcup98-busiest-day", TUNING, "1 min", _worldcup(wc),
                          matrix() if full else matrix((10.0,))))
     else:
         missing.append(f"{wc} not found: WorldCup98 skipped")
@@ -341,8 +343,8 @@ def markdown(doc: dict[str, Any]) -> str:
     text = ["# roost bench autoscale --suite", "",
             f"Defaults for every curve: `{doc['settings']}`.",
             f"SLO: a minute meets it when its tasks' p99 queue wait is at most "
-            f"{doc['slo_seconds']:g} s. Tuning set: the synthetic shapes; held out: "
-            "WorldCup98 and the Azure LLM code hour.", "",
+            f"{doc['slo_seconds']:g} s. Tuning set: the synthetic shapes and WorldCup98; "
+            "held out: the Azure LLM code hour.", "",
             markdown_table(HEADER, table_rows(doc["rows"])), "",
             f"Met the bar on {s['met']} of {s['points']} points. Geometric mean of "
             f"roost/hpa replica-seconds: {s['geomean_roost_over_hpa']:.3f} overall, "

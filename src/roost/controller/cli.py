@@ -50,12 +50,13 @@ _HELP = {
     "drain_horizon": "Seconds within which new replicas should drain the backlog the "
                      "pool cannot clear by itself.",
     "startup_default": "Replica start-up time assumed until a pool has shown its own.",
-    "flap_window": "A pool that grows again this soon after a scale-down waits this long "
-                   "before its next one.",
+    "flap_window": "A pool that grows again this soon after a scale-down, short of "
+                   "capacity, waits this long before its next one.",
     "headroom_window": "Seconds of arrival-rate reads that size the headroom kept for "
                        "recurring bursts.",
     "headroom_sigmas": "Headroom: room for the arrival rate this many standard deviations "
-                       "(beyond Poisson noise) above its mean (0: off).",
+                       "(beyond Poisson noise) above its mean, and the noise band within "
+                       "which running tasks and arrivals x service agree (0: off).",
     "growth_period": "Period of each pool's growth bound (growth_replicas/percent).",
     "disruption_period": "Period of each pool's disruption budget "
                          "(disruption_replicas/percent).",

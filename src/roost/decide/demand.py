@@ -5,17 +5,29 @@ fills while new replicas take their start-up time to arrive, the pool is sized t
 whole queue, and most of those replicas start after the backlog has already drained.
 This model sizes to the *work*, with what the pool already has counted as capacity:
 
-- ``load = max(arrival_rate x service_time, running)``: tasks the arrivals keep busy at
-  once (Little's law), or what runs now if that is more (the rate is a window average
-  and lags a rise);
+- ``busy``: the tasks in service. Two figures estimate it: the running count, and
+  ``arrival_rate x service_time`` (Little's law). Both are noisy: the running count of
+  Poisson arrivals varies by its mean (``arrival_rate x service_time``), the rate's
+  figure by ``service_time / rate_window`` times that. When the running count is within
+  ``headroom_sigmas`` of their joint noise of the rate's figure, the two agree and
+  ``busy`` is their inverse-variance mean, ``(service_time x running + rate_window x
+  rate's figure) / (service_time + rate_window)``: mostly the rate for short tasks, half
+  and half for tasks as long as the rate window. Beyond it (a rise, a drop, a backlog
+  draining) ``busy`` is the running count, as before. Sizing on the raw count makes the
+  windows read its noise: the most of it over the stabilization window holds about one
+  standard deviation too many, and noise that goes up again after a scale-down looked
+  like a flap;
+- ``load = max(arrival_rate x service_time, busy)``: tasks the arrivals keep busy at
+  once, or what runs now if that is more (the rate is a window average and lags a
+  rise);
 - ``spare = max(0, replicas x target / service_time - arrival_rate)``: tasks per second
   the current replicas, starting ones included, clear beyond the arrivals;
 - ``left = max(0, queued - spare x startup)``: the backlog they do not clear before a
   new replica could start; only that justifies new replicas;
 - ``backlog = left x service_time / drain_horizon``: the extra tasks in service that
   drain ``left`` within the horizon;
-- ``effective = min(queued + running, ceil(load + backlog))``: never more than the
-  old rule asked for.
+- ``effective = ceil(min(queued + busy, load + backlog))``: never more than the old
+  rule asked for, beyond the noise of the running count.
 
 Two more figures go to the plan's windows (`roost.decide.plan`):
 
@@ -38,7 +50,11 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   above ``mean + headroom_sigmas x`` their whole sd at least twice, falling below the
   mean between, or the pool is flapping), and it only stops a scale-down: it never
   makes a pool grow. Bursts shorter than a start-up find room instead of a shrunk
-  pool; a step down is not held at its old level.
+  pool; a step down is not held at its old level;
+- ``short``: the pool is short of capacity now: ``overdue`` above 0, or, without a rate
+  or a service time, any queued task. Only a pool short when it grows again soon after
+  a scale-down counts as flapping (`roost.decide.plan`): a pool that keeps up with a
+  rise by its ordinary windows was right to shrink.
 
 The plan divides ``effective`` by the pool's target per replica, the same target the
 old rule and HPA use, so the utilisation aimed at is unchanged. Without a rate or a
@@ -78,6 +94,24 @@ def burst_rate(rate: float, peak: float | None, service: float | None,
     if peak is None:
         return rate
     return max(rate, peak * s.peak_grain / service_grain(service, s))
+
+
+def in_service(running: int, steady: float, service: float, s: PlanSettings
+               ) -> tuple[float, bool]:
+    """The tasks in service, and whether the two estimates of it agree.
+
+    ``running`` (what the pool runs now) and ``steady`` (``arrival_rate x service``,
+    Little's law) both estimate it. For Poisson arrivals the running count varies by
+    ``steady`` (its variance is its mean) and the rate's figure by ``steady x service /
+    rate_window`` (a count over the rate window, scaled by the service time). Within
+    ``headroom_sigmas`` of their joint noise they agree, and the estimate is their
+    inverse-variance mean; beyond it the demand changed faster than the rate window
+    shows, and the running count is the figure."""
+    w = s.rate_window
+    noise = math.sqrt(steady * (1.0 + service / w))
+    if abs(running - steady) > s.headroom_sigmas * noise:
+        return float(running), False
+    return (service * running + w * steady) / (service + w), True
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +215,9 @@ class Sizing:
     overdue: float = 0.0
     """Backlog the pool's replicas (starting ones included) will not clear before a new
     replica could start: waiting out the scale-up window would only let it grow."""
+    short: bool = False
+    """The pool is short of capacity now: ``overdue`` above 0, or, without the model (no
+    rate or no service time), any queued task."""
 
 
 def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
@@ -196,12 +233,14 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     if rate is None or service is None:
         why = "arrival rate not read" if rate is None else "no task completed yet"
         lines.append(f"{why}: size for queued + running = {outstanding}")
-        return Sizing(outstanding, tuple(lines))
-    load = max(rate * service, float(x))
+        return Sizing(outstanding, tuple(lines), short=q > 0)
+    steady = rate * service
+    busy, agree = in_service(x, steady, service, s)
+    load = max(steady, busy)
     spare = max(0.0, replicas * target / service - rate)
     left = max(0.0, q - spare * startup)
     backlog = left * service / s.drain_horizon
-    effective = min(outstanding, math.ceil(load + backlog - 1e-9))
+    effective = math.ceil(min(q + busy, load + backlog) - 1e-9)
     peak = est.peak_rate(s)
     reserve = 0
     if peak is not None:
@@ -212,11 +251,15 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
            f" (busiest {s.peak_grain:g}s: {demand.arrival_peak:.3g}/s)")
         + f", service {service:.3g}s, "
         f"start-up {startup:.3g}s ({known})",
-        f"load = max(arrivals x service, running) = {load:.3g} tasks",
+        (f"in service: running {x} is within {s.headroom_sigmas:g} sd of arrivals x service "
+         f"= {steady:.3g}: read as their inverse-variance mean = {busy:.3g}" if agree else
+         f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "
+         f"service = {steady:.3g})"),
+        f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         f"spare = max(0, replicas x target / service - arrivals) = {spare:.3g} tasks/s",
         f"backlog left after start-up = max(0, queued - spare x start-up) = {left:.3g}",
         f"backlog term = left x service / {s.drain_horizon:g}s horizon = {backlog:.3g} tasks",
-        f"size for min(queued + running, ceil(load + backlog)) = {effective} tasks",
+        f"size for ceil(min(queued + in service, load + backlog)) = {effective} tasks",
     ]
     if peak is not None:
         lines.append(
@@ -227,4 +270,5 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             f"{s.headroom_sigmas:g} sd, highest) = {peak.rate:.3g}/s x service = {reserve} "
             "tasks")
         lines.append(f"scale down no lower than the headroom: {reserve} tasks")
-    return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left)
+    return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left,
+                  left > 0)

@@ -268,6 +268,8 @@ class _Draft:
     frozen: str | None
     reason: str
     sizing: tuple[str, ...] = ()
+    short: bool = False
+    """The pool is short of capacity now (`roost.decide.demand.Sizing.short`)."""
 
 
 def _tracks(p: PoolInputs, prev: PoolHistory, now: float, s: PlanSettings) -> PoolHistory:
@@ -315,7 +317,7 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
             reason = (f"{reason}; growth bound {bounded} (max({spec.growth_replicas}, "
                       f"{spec.growth_percent}%) per {s.growth_period:g}s)")
             clamped = bounded
-    return _Draft(p, hist, current, raw, clamped, None, reason, explain)
+    return _Draft(p, hist, current, raw, clamped, None, reason, explain, sizing.short)
 
 
 def _removal_pending(d: _Draft) -> bool:
@@ -371,7 +373,11 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
                 reason = f"{reason}; capped at {desired} by {', '.join(capped)}"
             if growth.granted:
                 steps.append(ScaleUp(spec.pool_id, desired))
-                if history.shrunk_at is not None and now - history.shrunk_at <= s.flap_window:
+                # a flap: grown again soon after a scale-down, and short of capacity
+                # (the shrink left it unable to serve). A pool keeping up with a rise by
+                # its windows, or with noise, was right to shrink.
+                if (d.short and history.shrunk_at is not None
+                        and now - history.shrunk_at <= s.flap_window):
                     history = replace(history, flap_until=now + s.flap_window)
     note = ""
     if d.p.workers is not None:

@@ -231,8 +231,9 @@ class PlanSettings:
     growth_period: float = 15.0
     disruption_period: float = 60.0
     flap_window: float = 300.0
-    """A pool that grows again within this long of a scale-down waits this long (HPA's
-    stabilization) before its next scale-down, for as long again."""
+    """A pool that grows again within this long of a scale-down, while short of
+    capacity (an overdue backlog), waits this long (HPA's stabilization) before its next
+    scale-down, for as long again."""
     headroom_window: float = 600.0
     """The arrival rates read over this long size the headroom: twice HPA's 300 s
     stabilization, so that bursts up to 300 s apart are seen at least twice (the
@@ -244,7 +245,10 @@ class PlanSettings:
     headroom_sigmas: float = 2.0
     """The pool holds capacity for the arrival rate this many standard deviations above
     its mean over `headroom_window` (a one-sided normal quantile: 2 is about 97.7 %), so
-    that a burst finds room before a new replica could start. 0 turns it off."""
+    that a burst finds room before a new replica could start. 0 turns it off. The same
+    quantile bounds the noise within which the running count and arrivals x service
+    are taken to agree (`roost.decide.demand.in_service`); 0 sizes on the running count
+    alone, as before."""
 
     def validate(self) -> None:
         """Raise ValueError on settings that would make the plan meaningless."""
