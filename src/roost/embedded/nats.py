@@ -6,7 +6,22 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from roost.embedded.proc import find_script, free_port, port_open, stop_process, wait_until
+from roost.embedded.proc import (
+    EmbeddedError,
+    find_script,
+    free_port,
+    port_open,
+    stop_process,
+    wait_until,
+)
+
+PORT_ATTEMPTS = 3
+"""Starts tried with freshly picked ports: a port found free (`free_port`) can be taken
+by any other socket before nats-server binds it, as it was once in CI."""
+
+
+def _port_taken(exc: EmbeddedError) -> bool:
+    return "address already in use" in str(exc)
 
 
 class NatsServer:
@@ -29,6 +44,7 @@ class NatsServer:
     ) -> None:
         self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-nats-"))
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._port_picked = port is None
         self.port = port or free_port()
         self.name = name
         self.cluster_port = cluster_port
@@ -66,20 +82,33 @@ class NatsServer:
         return cmd
 
     def start(self, timeout: float = 20.0) -> NatsServer:
-        self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a terminal's Ctrl-C must not kill NATS before the nodes drain
-        )
-        wait_until(
-            self._ready, proc=self.proc, what=f"nats-server {self.name}", timeout=timeout,
-            log=self.log,
-        )
-        return self
+        for attempt in range(PORT_ATTEMPTS):
+            self.proc = subprocess.Popen(
+                self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                # A terminal's Ctrl-C must not kill NATS before the nodes drain.
+                start_new_session=True,
+            )
+            try:
+                wait_until(
+                    self._ready, proc=self.proc, what=f"nats-server {self.name}",
+                    timeout=timeout, log=self.log,
+                )
+                return self
+            except EmbeddedError as exc:
+                retry = self._port_picked and self.cluster_port is None and _port_taken(exc)
+                if not retry or attempt + 1 == PORT_ATTEMPTS:
+                    raise
+                self.port = free_port()
+                self.log.unlink(missing_ok=True)
+        raise AssertionError("unreachable")
 
     def _ready(self) -> bool:
         if not port_open(self.port):
             return False
-        return "Server is ready" in self.log.read_text(errors="replace")
+        try:
+            return "Server is ready" in self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return False  # not yet written
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -101,15 +130,19 @@ class NatsCluster:
 
     def __init__(self, size: int = 3, *, base_dir: Path | None = None) -> None:
         self.dir = base_dir or Path(tempfile.mkdtemp(prefix="roost-nats-cluster-"))
-        cports = [free_port() for _ in range(size)]
-        self.servers = [
+        self.size = size
+        self.servers = self._servers(self.dir)
+
+    def _servers(self, where: Path) -> list[NatsServer]:
+        cports = [free_port() for _ in range(self.size)]
+        return [
             NatsServer(
-                base_dir=self.dir,
+                base_dir=where,
                 name=f"n{i}",
                 cluster_port=cports[i],
                 routes=[f"nats://127.0.0.1:{p}" for j, p in enumerate(cports) if j != i],
             )
-            for i in range(size)
+            for i in range(self.size)
         ]
 
     @property
@@ -117,6 +150,18 @@ class NatsCluster:
         return [s.url for s in self.servers]
 
     def start(self, timeout: float = 30.0) -> NatsCluster:
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start(timeout)
+            except EmbeddedError as exc:
+                if not _port_taken(exc) or attempt + 1 == PORT_ATTEMPTS:
+                    raise
+                # Fresh ports, and a fresh directory: the stores of a cluster that never
+                # formed must not meet peers on other ports.
+                self.servers = self._servers(self.dir / f"retry-{attempt + 1}")
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> NatsCluster:
         started: list[NatsServer] = []
         try:
             for s in self.servers:
