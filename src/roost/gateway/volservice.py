@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import msgspec
 
@@ -41,7 +42,7 @@ from roost.gateway.index import InstanceIndex
 from roost.gateway.query import Params
 from roost.gateway.requests import DescribeRequest
 from roost.gateway.tenancy import account
-from roost.gateway.volumes import VolumeStore
+from roost.gateway.volumes import VolumeRaced, VolumeStore
 
 _ID = re.compile(r"vol-[0-9a-f]{8,17}")
 
@@ -125,6 +126,24 @@ VOLUME_FIELDS: dict[str, Field[Volume]] = {
 }
 
 
+T = TypeVar("T")
+RACE_RETRIES = 5
+"""Times a change that lost its write to another is judged again on what won."""
+
+
+async def _judged_again(change: Callable[[], Awaitable[T]]) -> T:
+    """Run ``change`` (read, check, conditional write) again when its write lost a race,
+    as a client retrying would, so that a DeleteVolume just after the instance ended
+    does not answer 503 because this gateway was storing that volume meanwhile."""
+    for attempt in range(RACE_RETRIES):
+        try:
+            return await change()
+        except VolumeRaced:
+            if attempt + 1 == RACE_RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 class VolumeService:
     def __init__(self, store: VolumeStore, index: InstanceIndex,
                  zones: Callable[[], list[str]]) -> None:
@@ -157,6 +176,9 @@ class VolumeService:
         return await self.store.put(vol)
 
     async def attach(self, vid: str, instance_id: str, device: str) -> Volume:
+        return await _judged_again(lambda: self._attach(vid, instance_id, device))
+
+    async def _attach(self, vid: str, instance_id: str, device: str) -> Volume:
         vol = self.volume(vid)
         rec = self.index.find(instance_id)
         if rec is None:
@@ -182,6 +204,9 @@ class VolumeService:
         return await self.store.put(moved, base=vol)
 
     async def detach(self, vid: str, instance_id: str = "", device: str = "") -> Volume:
+        return await _judged_again(lambda: self._detach(vid, instance_id, device))
+
+    async def _detach(self, vid: str, instance_id: str, device: str) -> Volume:
         vol = self.volume(vid)
         att = vol.attachment
         if att is None:
@@ -226,8 +251,11 @@ class VolumeService:
         return net if net is not rec.network else None
 
     async def delete(self, vid: str) -> None:
-        vol = self.volume(vid)
-        if vol.attachment is not None:
-            raise VolumeInUse(f"Volume {vid} is currently attached to "
-                              f"{vol.attachment.instance_id}")
-        await self.store.put(msgspec.structs.replace(vol, deleted=True), base=vol)
+        async def change() -> None:
+            vol = self.volume(vid)
+            if vol.attachment is not None:
+                raise VolumeInUse(f"Volume {vid} is currently attached to "
+                                  f"{vol.attachment.instance_id}")
+            await self.store.put(msgspec.structs.replace(vol, deleted=True), base=vol)
+
+        await _judged_again(change)

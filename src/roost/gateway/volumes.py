@@ -40,6 +40,12 @@ _RETRIES = 20
 _DECODE = msgspec.json.Decoder(Volume)
 
 
+class VolumeRaced(ServiceUnavailable):
+    """A conditional write lost to another writer (a gateway, or this one's own
+    background settle of an ended instance); the store has re-read the volume, so the
+    caller may judge its change again against what won."""
+
+
 def _unavailable(exc: BaseException) -> ServiceUnavailable:
     return ServiceUnavailable(f"The volume store is unreachable: {exc!r}")
 
@@ -142,12 +148,24 @@ class VolumeStore:
             else:
                 rev = await self._kv.create(vol.volume_id, data)
         except nats.js.errors.KeyWrongLastSequenceError:
-            raise ServiceUnavailable(
+            await self._reread(vol.volume_id)
+            raise VolumeRaced(
                 f"The volume '{vol.volume_id}' changed meanwhile; retry.") from None
         except BUS_DOWN as exc:
             raise _unavailable(exc) from None
         self._stored[vol.volume_id] = (rev, vol)
         return vol
+
+    async def _reread(self, volume_id: str) -> None:
+        """Take the stored volume as the bucket has it now, not waiting for the watch."""
+        try:
+            entry = await self._kv.get(volume_id)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            self._stored.pop(volume_id, None)
+            return
+        except BUS_DOWN:
+            return  # the watch brings it in time
+        self._on_entry(entry)
 
     def instance_gone(self, rec: InstanceRecord) -> None:
         """An instance terminated: volumes it keeps become available on their own
