@@ -417,8 +417,7 @@ def placements(
 ) -> list[Placement]:
     """Every node that fits ``itype``, best first, with the devices to use on each. A
     policy named by ``policy`` sees the GPU inventory of ``nodes``."""
-    pol = (make_policy(policy, workload, gpu_inventory(nodes)) if isinstance(policy, str)
-           else policy)
+    pol = _resolved(policy, workload, nodes)
     found = _fitting(pol, nodes, itype)
     if pol.randomized:
         (rng or random.Random()).shuffle(found)
@@ -443,8 +442,7 @@ def best_placement(
     from the same view (the processes of one gateway pool, which do not see each
     other's launches in flight) then rarely send their launches to the same node, where
     all but the first would find its last room gone and try again elsewhere."""
-    pol = (make_policy(policy, workload, gpu_inventory(nodes)) if isinstance(policy, str)
-           else policy)
+    pol = _resolved(policy, workload, nodes)
     found = [p for p in _fitting(pol, nodes, itype) if p.node.node_id not in skip]
     if not found:
         return None
@@ -454,6 +452,13 @@ def best_placement(
         return (rng or random.Random()).choice(heapq.nsmallest(spread, found,
                                                                 key=_best_first))
     return min(found, key=_best_first)
+
+
+def _resolved(policy: str | Policy, workload: Workload | None,
+              nodes: Sequence[NodeView]) -> Policy:
+    """``policy`` itself, or the one it names, seeing the GPU inventory of ``nodes``."""
+    return make_policy(policy, workload, gpu_inventory(nodes)) if isinstance(policy, str) \
+        else policy
 
 
 def _fitting(pol: Policy, nodes: Sequence[NodeView], itype: InstanceType) -> list[Placement]:

@@ -83,16 +83,9 @@ class NatsServer:
 
     def start(self, timeout: float = 20.0) -> NatsServer:
         for attempt in range(PORT_ATTEMPTS):
-            self.proc = subprocess.Popen(
-                self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                # A terminal's Ctrl-C must not kill NATS before the nodes drain.
-                start_new_session=True,
-            )
+            self._spawn()
             try:
-                wait_until(
-                    self._ready, proc=self.proc, what=f"nats-server {self.name}",
-                    timeout=timeout, log=self.log,
-                )
+                self._wait(timeout)
                 return self
             except EmbeddedError as exc:
                 retry = self._port_picked and self.cluster_port is None and _port_taken(exc)
@@ -101,6 +94,19 @@ class NatsServer:
                 self.port = free_port()
                 self.log.unlink(missing_ok=True)
         raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            # A terminal's Ctrl-C must not kill NATS before the nodes drain.
+            start_new_session=True,
+        )
+
+    def _wait(self, timeout: float) -> None:
+        """Until the spawned server is ready; `EmbeddedError` if it exits or is late."""
+        assert self.proc is not None
+        wait_until(self._ready, proc=self.proc, what=f"nats-server {self.name}",
+                   timeout=timeout, log=self.log)
 
     def _ready(self) -> bool:
         if not port_open(self.port):
@@ -165,15 +171,10 @@ class NatsCluster:
         started: list[NatsServer] = []
         try:
             for s in self.servers:
-                s.proc = subprocess.Popen(
-                    s.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a terminal's Ctrl-C must not kill NATS before the nodes drain
-                )
+                s._spawn()
                 started.append(s)
             for s in self.servers:
-                assert s.proc is not None
-                wait_until(s._ready, proc=s.proc, what=f"nats-server {s.name}", timeout=timeout,
-                           log=s.log)
+                s._wait(timeout)
         except BaseException:
             for s in started:
                 s.stop()

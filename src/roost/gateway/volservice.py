@@ -251,11 +251,11 @@ class VolumeService:
         return net if net is not rec.network else None
 
     async def delete(self, vid: str) -> None:
-        async def change() -> None:
-            vol = self.volume(vid)
-            if vol.attachment is not None:
-                raise VolumeInUse(f"Volume {vid} is currently attached to "
-                                  f"{vol.attachment.instance_id}")
-            await self.store.put(msgspec.structs.replace(vol, deleted=True), base=vol)
+        await _judged_again(lambda: self._delete(vid))
 
-        await _judged_again(change)
+    async def _delete(self, vid: str) -> None:
+        vol = self.volume(vid)
+        if vol.attachment is not None:
+            raise VolumeInUse(f"Volume {vid} is currently attached to "
+                              f"{vol.attachment.instance_id}")
+        await self.store.put(msgspec.structs.replace(vol, deleted=True), base=vol)
