@@ -39,3 +39,17 @@ def test_a_search_may_skip_positions_known_used_in_its_own_order() -> None:
     assert first_free(_subnet(), set(), skip=3) == "10.0.0.7"
     assert first_free(_subnet(), set(), stripe=(1, 2), skip=7) == "10.0.0.5"
     assert first_free(_subnet(), set(), skip=11) is None  # past the end: the caller looks again
+
+
+def test_a_skip_lands_on_the_same_address_as_stepping_over_the_positions() -> None:
+    # Reference: walk the search order from its start and drop the first `skip`.
+    sub = _subnet()
+    for index, count in ((0, 1), (1, 2), (2, 3), (1, 4)):
+        first = next(k for k in range(4, 15)
+                     if scan_position(sub, _n(f"10.0.0.{k}"), stripe=(index, count)) == 0)
+        order = [*range(first, 15), *range(4, first)]
+        for skip in range(13):
+            used = {_n("10.0.0.6"), _n("10.0.0.12")}
+            want = next((f"10.0.0.{k}" for k in order[skip:] if _n(f"10.0.0.{k}") not in used),
+                        None)
+            assert first_free(sub, used, stripe=(index, count), skip=skip) == want

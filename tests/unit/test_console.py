@@ -5,7 +5,13 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from roost.node.console import console_tail, trim_console
+from roost.node.console import (
+    CONSOLE_MAX_BYTES,
+    CONSOLE_TAIL_BYTES,
+    console_tail,
+    trim_console,
+    trim_consoles,
+)
 
 
 def test_tail_is_the_last_bytes_base64(tmp_path: Path) -> None:
@@ -27,6 +33,15 @@ def test_trim_keeps_the_tail_once_past_the_limit(tmp_path: Path) -> None:
         f.write(b"z")
     assert log.read_bytes() == b"y" * 100 + b"z"
     assert not trim_console(tmp_path / "missing.log")
+
+
+def test_trimming_many_names_the_ones_cut(tmp_path: Path) -> None:
+    big, small = tmp_path / "big.log", tmp_path / "small.log"
+    big.write_bytes(b"x" * (CONSOLE_MAX_BYTES + 1))
+    small.write_bytes(b"x")
+    names = [str(big), str(small), str(tmp_path / "missing.log")]
+    assert trim_consoles(names) == [str(big)]
+    assert big.stat().st_size == CONSOLE_TAIL_BYTES and small.stat().st_size == 1
 
 
 def test_an_instance_gets_no_secret_of_the_nodes() -> None:

@@ -586,14 +586,16 @@ def _proc_cpu(pid: int) -> tuple[float, int, str]:
     fields = stat.rsplit(")", 1)[1].split()
     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
     role = ("gateway" if b"roost.gateway.workers" in cmd else
-            "nats" if b"nats-server" in cmd else "other")
+            "nats" if b"nats-server" in cmd else
+            "nodes" if b"roost.bench.scale" in cmd else "other")
     return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[1]), role
 
 
 def cpu_seconds(root: int) -> dict[str, float]:
     """CPU seconds used so far by a `roost up` and its children, by role: "gateway"
-    (its gateway worker processes), "nats", and "up" (the nodes, and the gateway too
-    when it runs on up's loop). A worker that was restarted loses its count."""
+    (its gateway worker processes), "nats", "nodes" (`roost bench scale`'s node
+    processes) and "up" (the root itself: `roost up`'s nodes, and the gateway too when
+    it runs on up's loop). A worker that was restarted loses its count."""
     out = {"gateway": 0.0, "nats": 0.0, "up": 0.0}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -605,7 +607,7 @@ def cpu_seconds(root: int) -> dict[str, float]:
         if int(entry.name) == root:
             out["up"] += cpu
         elif ppid == root and role != "other":
-            out[role] += cpu
+            out[role] = out.get(role, 0.0) + cpu
     return out
 
 

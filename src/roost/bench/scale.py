@@ -59,7 +59,7 @@ from typing import Any
 
 import click
 
-from roost.bench.launch import Connection, Signer, percentile
+from roost.bench.launch import Connection, Signer, cpu_seconds, percentile
 from roost.bench.report import machine
 from roost.bench.traces import TraceMissing, VmTrace, default_data_dir, load_azure
 from roost.bench.vm_sim import flavor_types
@@ -478,9 +478,28 @@ async def fill(client: Client, source: Sequence[Batch], *, live: int, life_scale
     return phase
 
 
-async def probe(client: Client, n: int, itype: str) -> dict[str, Any]:
+def _role_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process ("client") and its children by role (gateway
+    processes, NATS servers, node processes)."""
+    out = cpu_seconds(os.getpid())
+    out["client"] = out.pop("up")
+    return out
+
+
+def _cpu_between(before: dict[str, float], after: dict[str, float],
+                 per: float) -> dict[str, float]:
+    return {k: round((after[k] - before.get(k, 0.0)) / per, 3) for k in sorted(after)}
+
+
+async def probe(client: Client, n: int, itype: str, idle: float) -> dict[str, Any]:
     """``n`` sequential RunInstances + TerminateInstances of one ``itype``, and how long
-    after each answer the instance is describable through a fresh connection."""
+    after each answer the instance is describable through a fresh connection. Before
+    them, each role's CPU in a quiet window (percent of a core: what the cluster spends
+    with nothing asked of it); over them, each role's CPU milliseconds per probe (which
+    includes that background). ``idle`` is the quiet window's length in seconds."""
+    c0 = _role_cpu()
+    await asyncio.sleep(idle)
+    c1 = _role_cpu()
     runs: list[float] = []
     lags: list[float] = []
     errors = 0
@@ -495,8 +514,11 @@ async def probe(client: Client, n: int, itype: str) -> dict[str, Any]:
         runs.append(answered - started)
         lags.append(await _describable(client, ids[0], answered))
         await client.call(f"Action=TerminateInstances&{VERSION}&InstanceId.1={ids[0]}")
+    c2 = _role_cpu()
     ms = 1000.0
     return {"probes": n, "errors": errors,
+            "idle_cpu_percent": _cpu_between(c0, c1, idle / 100), "idle_seconds": idle,
+            "cpu_ms_per_probe": _cpu_between(c1, c2, n / ms),
             "run_p50_ms": round(percentile(runs, 50) * ms, 2),
             "run_p99_ms": round(percentile(runs, 99) * ms, 2),
             "mirror_lag_p50_ms": round(percentile(lags, 50) * ms, 2),
@@ -617,6 +639,8 @@ class Settings:
     headroom: float
     probes: int
     retention: float
+    idle_seconds: float = 5.0
+    """The quiet window before each probe in which each role's background CPU is read."""
 
 
 def burst_schedule(source: Sequence[Batch], *, count: int, seconds: float,
@@ -690,7 +714,7 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         client.subnets = await make_subnets(client, math.ceil(s.live * 1.2 / SUBNET_ROOM))
         probe_type = types[0].name
         rss0 = rss_mib(pool.pids)
-        out["probe_at_0"] = await probe(client, s.probes, probe_type)
+        out["probe_at_0"] = await probe(client, s.probes, probe_type, s.idle_seconds)
         say(f"  probe at 0: {out['probe_at_0']}")
         steady = schedule(source, rate=s.rate, live=s.live, seconds=s.steady_seconds)
         ph = await fill(client, source, live=s.live, life_scale=steady.life_scale, say=say)
@@ -698,7 +722,7 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         say(f"  fill: {out['fill']}")
         out["live_after_fill"] = len(client.live)
         rss1 = rss_mib(pool.pids)
-        out["probe_at_live"] = await probe(client, s.probes, probe_type)
+        out["probe_at_live"] = await probe(client, s.probes, probe_type, s.idle_seconds)
         say(f"  probe at {len(client.live)} live: {out['probe_at_live']}")
         out["describe_at_live"] = await describe_latency(client, max(5, s.probes // 4),
                                                          probe_type)
@@ -783,6 +807,17 @@ def format_markdown(report: dict[str, Any]) -> str:
             f" | {st['gateway_rss_mib']['per_100k_instances_per_process']} | "
             f"{d['one_id']['p50_ms']} / {d['page_1000']['p50_ms']} / "
             f"{d['filtered_page_1000']['p50_ms']} |")
+    lines += ["", "Where the probes' time went, by role: CPU in the quiet "
+              f"{report['settings']['idle_seconds']:g} s before the probes (percent of a core), "
+              "and CPU per probe "
+              "(ms, the background included).", "",
+              "| nodes | probe | role | idle CPU % | CPU ms per probe |", "|---|---|---|---|---|"]
+    for st in report["steps"]:
+        for at in ("probe_at_0", "probe_at_live"):
+            pr = st[at]
+            lines += [f"| {st['nodes']} | {at.removeprefix('probe_')} | {role} | "
+                      f"{pr['idle_cpu_percent'].get(role, '')} | {ms} |"
+                      for role, ms in pr.get("cpu_ms_per_probe", {}).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -871,7 +906,7 @@ def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float,
     source = batches(trace, types)
     settings = Settings(live, rate, steady_seconds, burst, burst_seconds,
                         tuple(dict.fromkeys(gateway_workers)), node_procs, headroom, probes,
-                        terminated_retention)
+                        terminated_retention, idle_seconds=1.0 if quick else 5.0)
     report: dict[str, Any] = {
         "quick": quick, "machine": machine(), "trace": f"azure-v1 test split ({data})",
         "settings": {**settings.__dict__, "gateway_workers": list(settings.gateway_workers)},

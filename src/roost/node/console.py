@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 CONSOLE_TAIL_BYTES = 64 * 1024
@@ -29,16 +30,16 @@ def console_tail(path: Path, limit: int = CONSOLE_TAIL_BYTES) -> str:
 CONSOLE_MAX_BYTES = 1024 * 1024
 
 
-def trim_console(path: Path, *, keep: int = CONSOLE_TAIL_BYTES,
+def trim_console(path: str | Path, *, keep: int = CONSOLE_TAIL_BYTES,
                  limit: int = CONSOLE_MAX_BYTES) -> bool:
     """Cut ``path`` back to its last ``keep`` bytes once it passes ``limit``, so a chatty
     instance cannot fill the node's disk. The instance keeps writing through its own
     O_APPEND descriptor, which lands at the new end; what it writes during the cut
     itself may be lost, which a console can afford. True if it was cut."""
     try:
-        if path.stat().st_size <= limit:
+        if os.stat(path).st_size <= limit:
             return False
-        with path.open("r+b") as f:
+        with open(path, "r+b") as f:
             f.seek(-keep, os.SEEK_END)
             tail = f.read()
             f.seek(0)
@@ -47,3 +48,9 @@ def trim_console(path: Path, *, keep: int = CONSOLE_TAIL_BYTES,
     except FileNotFoundError:
         return False
     return True
+
+
+def trim_consoles(paths: Sequence[str]) -> list[str]:
+    """`trim_console` each of ``paths`` (blocking: run it off the event loop); the ones
+    that were cut."""
+    return [p for p in paths if trim_console(p)]
