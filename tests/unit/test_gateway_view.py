@@ -49,6 +49,22 @@ def test_filters_combine_and_within_or_across() -> None:
         ids(Filter("colour", ("red",)))
 
 
+def test_exact_values_wildcards_and_escapes_mix_in_one_filter() -> None:
+    recs = [rec("i-1", env="dev"), rec("i-2", env="a*b"), rec("i-3", env="axb"), rec("i-4")]
+
+    def ids(*values: str) -> list[str]:
+        out = apply_filters(recs, [Filter("tag:env", values)], INSTANCE_FIELDS,
+                            tags=lambda r: r.tags)
+        return [r.instance_id for r in out]
+
+    assert ids("dev") == ["i-1"]
+    assert ids("de") == []
+    assert ids("nope", "de?") == ["i-1"]
+    assert ids(r"a\*b") == ["i-2"]  # escaped: only the literal star
+    assert ids("a*b", "dev") == ["i-1", "i-2", "i-3"]
+    assert ids("*") == ["i-1", "i-2", "i-3"]  # a record without the tag has no value
+
+
 def test_pages_follow_the_last_key() -> None:
     items = [f"k{i:02d}" for i in range(12)]
     first = paginate(items, Page(5), key=str)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -47,6 +48,18 @@ def wildcard_match(pattern: str, value: str) -> bool:
     return _pattern(pattern).fullmatch(value) is not None
 
 
+def _matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a value matches any of ``patterns``: a set lookup for the patterns with no
+    wildcard or escape in them (the usual filter, such as an instance type), a regular
+    expression only for the rest. A filtered DescribeInstances tests every instance;
+    at 100,000 a regular expression each was most of its time."""
+    exact = frozenset(p for p in patterns if not any(c in p for c in "*?\\"))
+    wild = [_pattern(p) for p in patterns if p not in exact]
+    if not wild:
+        return exact.__contains__
+    return lambda v: v in exact or any(w.fullmatch(v) is not None for w in wild)
+
+
 def _tag_filter(name: str) -> Callable[[Mapping[str, str]], Iterable[str]] | None:
     if name.startswith("tag:"):
         key = name[4:]
@@ -65,19 +78,19 @@ def apply_filters(
     *,
     tags: Callable[[T], Mapping[str, str]] | None = None,
 ) -> list[T]:
-    checks: list[tuple[Field[T], tuple[str, ...]]] = []
+    checks: list[tuple[Field[T], Callable[[str], bool]]] = []
     for f in filters:
         tag_field = _tag_filter(f.name) if tags is not None else None
         if f.name in fields:
-            checks.append((fields[f.name], f.values))
+            checks.append((fields[f.name], _matcher(f.values)))
         elif tag_field is not None and tags is not None:
-            checks.append((_compose(tag_field, tags), f.values))
+            checks.append((_compose(tag_field, tags), _matcher(f.values)))
         else:
             raise InvalidParameterValue(f"The filter '{f.name}' is invalid")
-    return [
-        r for r in records
-        if all(any(wildcard_match(p, v) for v in field(r) for p in pats) for field, pats in checks)
-    ]
+    if not checks:
+        return list(records)
+    return [r for r in records
+            if all(any(map(match, field(r))) for field, match in checks)]
 
 
 def _compose(
@@ -107,14 +120,23 @@ def paginate(items: Iterable[T], page: Page, key: Callable[[T], str]) -> Paged[T
     The token names the last key served rather than an offset, so a record that
     appears or goes between two pages neither repeats nor hides another.
     """
-    ordered = sorted(items, key=key)
+    keyed: Iterable[tuple[str, T]] = ((key(i), i) for i in items)
     if page.next_token is not None:
         after = decode_token(page.next_token)
-        ordered = [i for i in ordered if key(i) > after]
-    if page.max_results is None or len(ordered) <= page.max_results:
-        return Paged(tuple(ordered))
-    chunk = ordered[: page.max_results]
-    return Paged(tuple(chunk), encode_token(key(chunk[-1])))
+        keyed = (ki for ki in keyed if ki[0] > after)
+    if page.max_results is None:
+        return Paged(tuple(i for _, i in sorted(keyed, key=_first)))
+    # One more than a page, without sorting the rest: at 100,000 instances a sort of
+    # everything for each page of 1,000 was most of a DescribeInstances.
+    chunk = heapq.nsmallest(page.max_results + 1, keyed, key=_first)
+    if len(chunk) <= page.max_results:
+        return Paged(tuple(i for _, i in chunk))
+    chunk = chunk[: page.max_results]
+    return Paged(tuple(i for _, i in chunk), encode_token(chunk[-1][0]))
+
+
+def _first(pair: tuple[str, object]) -> str:
+    return pair[0]
 
 
 def _state_code(state: str) -> list[str]:

@@ -51,13 +51,15 @@ REGION_FIELDS: dict[str, Field[tuple[str, str]]] = {
 }
 
 
-def launch_order(r: Reservation) -> str:
-    """Where a reservation stands in DescribeInstances: in launch order (its earliest
-    instance's launch time, then its id). EC2 documents no order; this one is stable
-    from page to page and the one a reader expects. A page's ``MaxResults`` counts
-    reservations, the items of the answer's list (botocore's paginator names
-    ``Reservations`` its result key), and a reservation is never split across pages."""
-    return f"{min(i.launch_time for i in r.instances)} {r.reservation_id}"
+def launch_order(group: tuple[str, list[InstanceRecord]]) -> str:
+    """Where a reservation (its id and instances) stands in DescribeInstances: in launch
+    order (its earliest instance's launch time, then its id). EC2 documents no order;
+    this one is stable from page to page and the one a reader expects. A page's
+    ``MaxResults`` counts reservations, the items of the answer's list (botocore's
+    paginator names ``Reservations`` its result key), and a reservation is never split
+    across pages."""
+    rid, recs = group
+    return f"{min(i.launch_time for i in recs)} {rid}"
 
 
 def _check_dry_run(req: DescribeRequest) -> None:
@@ -90,12 +92,11 @@ class Ec2Reads:
         for rec in self._instances(req, records, fields):
             grouped.setdefault(rec.reservation_id, []).append(rec)
         owner = self.service.site.owner_id
-        reservations = (
-            Reservation(rid, recs[0].owner_id or owner,
-                        tuple(sorted(recs, key=lambda r: r.ami_launch_index)))
-            for rid, recs in grouped.items()
-        )
-        return paginate(reservations, req.page, key=launch_order)
+        # Paged before the reservations are built: only a page's worth are.
+        page = paginate(grouped.items(), req.page, key=launch_order)
+        return Paged(tuple(Reservation(rid, recs[0].owner_id or owner,
+                                       tuple(sorted(recs, key=lambda r: r.ami_launch_index)))
+                           for rid, recs in page.items), page.next_token)
 
     async def describe_instance_status(self, req: DescribeRequest
                                        ) -> Paged[InstanceStatusRow]:
