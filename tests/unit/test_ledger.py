@@ -79,3 +79,23 @@ def test_the_gateways_device_choice_is_followed_when_it_still_holds() -> None:
         assert alloc is not None and alloc.gpus == best
         ledger.release(f"i-x{i}")
     assert ledger.allocate("i-5", BUILTIN["g5.xlarge"], devices=[1]) is None  # no whole GPU
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(TYPES), st.integers(0, 15)),
+                max_size=40))
+def test_fit_counts_follow_every_change(ops: list[tuple[bool, str, int]]) -> None:
+    # Kept between changes: each answer equals a ledger rebuilt from the same allocations.
+    ledger = Ledger(HOST, BUILTIN)
+    for alloc, tname, slot in ops:
+        if alloc:
+            ledger.allocate(f"i-{slot}", BUILTIN[tname])
+        else:
+            ledger.release(f"i-{slot}")
+        fresh = Ledger(HOST, BUILTIN)
+        for iid, a in ledger.allocations.items():
+            fresh.adopt(iid, a.itype, a.gpus)
+        counts = ledger.fit_counts()
+        assert counts == fresh.fit_counts()
+        counts.clear()  # a caller's copy: the kept answer is not touched
+        assert ledger.fit_counts() == fresh.fit_counts()

@@ -44,6 +44,9 @@ class Ledger:
         self._lock = threading.Lock()
         self._free = host.empty()
         self._allocs: dict[str, Allocation] = {}
+        self._fits: tuple[FreeCapacity, Catalog, dict[str, int]] | None = None
+        """`fit_counts` as of the free capacity and catalog it was worked out for: every
+        heartbeat asks twice, and most find nothing changed."""
 
     @property
     def free(self) -> FreeCapacity:
@@ -111,8 +114,11 @@ class Ledger:
             return True
 
     def fit_counts(self) -> dict[str, int]:
-        free = self._free
-        return {name: fit_count(free, self._charged(t)) for name, t in self.catalog.items()}
+        free, catalog, fits = self._free, self.catalog, self._fits
+        if fits is None or fits[0] is not free or fits[1] is not catalog:
+            fits = self._fits = (free, catalog, {
+                name: fit_count(free, self._charged(t)) for name, t in catalog.items()})
+        return dict(fits[2])
 
     def fitting_types(self) -> frozenset[str]:
         """The types of which one more fits now: the node's launch subscriptions."""
