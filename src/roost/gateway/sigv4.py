@@ -14,6 +14,7 @@ Order of checks, each with EC2's code:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -55,7 +56,10 @@ def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.new(key, msg.encode("utf-8"), hashlib.sha256).digest()
 
 
+@functools.lru_cache(maxsize=256)
 def signing_key(secret: str, day: str, region: str, service: str) -> bytes:
+    """The day's key for ``secret`` (four HMACs): the same for every request of that day,
+    so it is kept (by secret: a rotated secret derives its own)."""
     k = _hmac(f"AWS4{secret}".encode(), day)
     k = _hmac(k, region)
     k = _hmac(k, service)
