@@ -146,6 +146,7 @@ class NetworkStore:
         self.owner_id = owner_id
         self._zones = zones
         self.default_vpc = default_vpc(region, owner_id)
+        self._default_group = default_group(self.default_vpc)
         self.public_pool = public_pool_subnet(public_pool)
         self._records: dict[str, tuple[int, NetworkRecord]] = {}
         self._names: dict[str, str] = {}  # name key -> group id
@@ -216,7 +217,7 @@ class NetworkStore:
 
     def groups(self) -> list[SecurityGroup]:
         stored = {g.group_id: g for g in self._stored(SecurityGroup)}
-        base = default_group(self.default_vpc)
+        base = self._default_group
         default = stored.pop(base.group_id, base)
         return [default, *stored.values()] if self.has_default_vpc else list(stored.values())
 
@@ -235,9 +236,20 @@ class NetworkStore:
         return next((s for s in self.subnets() if s.subnet_id == subnet_id), None)
 
     def group(self, group_id: str) -> SecurityGroup | None:
+        found = self._records.get(group_id)
+        if found is not None and isinstance(rec := found[1], SecurityGroup) \
+                and not self._shared(rec):
+            return rec if visible(rec.owner_id) else None  # as `groups` would list it
         return next((g for g in self.groups() if g.group_id == group_id), None)
 
     def group_named(self, vpc_id: str, name: str) -> SecurityGroup | None:
+        if vpc_id == self.default_vpc.vpc_id and name == "default" and self.has_default_vpc:
+            # Every launch into a default subnet with no group named asks for this one:
+            # read it, as stored or derived, without listing every group.
+            base = self._default_group
+            found = self._records.get(base.group_id)
+            return found[1] if found is not None and isinstance(found[1], SecurityGroup) \
+                else base
         return next((g for g in self.groups()
                      if g.vpc_id == vpc_id and g.group_name == name), None)
 
