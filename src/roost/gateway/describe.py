@@ -54,10 +54,10 @@ def _matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
     expression only for the rest. A filtered DescribeInstances tests every instance;
     at 100,000 a regular expression each was most of its time."""
     exact = frozenset(p for p in patterns if not any(c in p for c in "*?\\"))
-    wild = [_pattern(p) for p in patterns if p not in exact]
+    wild = [p for p in patterns if p not in exact]
     if not wild:
         return exact.__contains__
-    return lambda v: v in exact or any(w.fullmatch(v) is not None for w in wild)
+    return lambda v: v in exact or any(wildcard_match(p, v) for p in wild)
 
 
 def _tag_filter(name: str) -> Callable[[Mapping[str, str]], Iterable[str]] | None:
