@@ -71,7 +71,7 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         await asyncio.wait_for(started.wait(), 20)
         log = tmp_path / "tasks.log"
         # 150 worker-seconds at once: the demand model (arrival rate x service time, plus
-        # the backlog to clear within its 60 s horizon) asks for several replicas, so the
+        # the backlog to clear within its 5 s horizon) asks for several replicas, so the
         # pool spreads over nodes; tiny tasks would be served by one.
         ids = [(await tasks_q.submit(db, "auto", {"seconds": 0.5, "log": str(log)},
                                      idempotency_key=f"k{i}")).task_id for i in range(300)]

@@ -69,6 +69,50 @@ def test_demand_model(rule: str, demand: Demand, est: Estimates, replicas: int,
     assert got.explain, rule
 
 
+def _starting(ready: int, *ages: float, startup: float | None = 30.0) -> Estimates:
+    """Service 1 s; ``ready`` replicas ready and one starting for each of ``ages``."""
+    return Estimates(service=1.0, service_at=NOW, startup=startup, ready=ready,
+                     starting_since=tuple(NOW - a for a in sorted(ages, reverse=True)))
+
+
+def test_a_starting_replica_serves_only_the_part_of_the_start_up_it_is_ready_for() -> None:
+    demand = Demand(600, 10, 10.0)
+    # 2 ready x 5 / 1 s = 10/s, all taken by arrivals; 8 just asked for serve none of
+    # the coming 30 s start-up: 600 left over the 60 s horizon = 10 more tasks
+    just_asked = size(demand, _starting(2, *[0.0] * 8), replicas=10, target=5, s=S, now=NOW)
+    assert just_asked.effective == 20 and just_asked.overdue == 600, just_asked.explain
+    assert any("serving over the start-up" in line and "= 2 replicas" in line
+               for line in just_asked.explain)
+    # the same 8 nearly ready serve all of it: 40/s spare clears 1200 in 30 s
+    nearly = size(demand, _starting(2, *[30.0] * 8), replicas=10, target=5, s=S, now=NOW)
+    assert nearly.effective == 10 and nearly.overdue == 0, nearly.explain
+    # not knowing which are ready (no infra seen yet), all count, as before
+    assert size(demand, _est(1.0), replicas=10, target=5, s=S, now=NOW).effective == 10
+
+
+def test_a_replica_starting_longer_than_the_estimate_lengthens_it() -> None:
+    # 2 ready and 1 starting for 80 s where 30 s was assumed: the start-up is at least
+    # 80 s, the starting one serves all of it: (3 x 5 - 10) x 80 = 400 of 600 cleared
+    got = size(Demand(600, 10, 10.0), _starting(2, 80.0, startup=None), replicas=3,
+               target=5, s=S, now=NOW)
+    assert got.overdue == pytest.approx(200.0), got.explain
+    assert any("been starting 80s" in line for line in got.explain)
+
+
+def test_the_drain_horizon_is_never_shorter_than_one_service_time() -> None:
+    s = replace(S, drain_horizon=5.0)
+    est = Estimates(service=30.0, service_at=NOW, startup=30.0)
+    # 10 x 3 / 30 s - 0.5/s = 0.5/s spare clears 15 of 60 queued: 45 left. Over 5 s
+    # that would be 270 tasks in service; over one service time 45 (all of them start)
+    got = size(Demand(60, 15, 0.5), est, replicas=10, target=3, s=s, now=NOW)
+    assert got.overdue == pytest.approx(45.0) and got.effective == 15 + 45, got.explain
+    # 0.2 s tasks: 8 x 3 / 0.2 s - 100/s = 20/s clears 600 of 645 in 30 s; the 45 left
+    # drain within the 5 s horizon: 45 x 0.2 / 5 = 1.8 more in service
+    short = Estimates(service=0.2, service_at=NOW, startup=30.0)
+    got = size(Demand(645, 20, 100.0), short, replicas=8, target=3, s=s, now=NOW)
+    assert got.overdue == pytest.approx(45.0) and got.effective == math.ceil(20 + 1.8)
+
+
 def test_estimates_time_a_replica_from_not_ready_to_ready() -> None:
     def infra(target: int, ready: int) -> Infra:
         inst = tuple(InstanceView(f"i-{k}", k < ready) for k in range(target))

@@ -48,7 +48,8 @@ _HELP = {
     "peak_grain": "Seconds: the headroom reads the busiest this-long span of arrivals since "
                   "the previous read (at most rate_window).",
     "drain_horizon": "Seconds within which new replicas should drain the backlog the "
-                     "pool cannot clear by itself.",
+                     "pool cannot clear by itself (at least one service time): the "
+                     "queue wait aimed at.",
     "startup_default": "Replica start-up time assumed until a pool has shown its own.",
     "flap_window": "A pool that grows again this soon after a scale-down, short of "
                    "capacity, waits this long before its next one.",

@@ -20,12 +20,27 @@ This model sizes to the *work*, with what the pool already has counted as capaci
 - ``load = max(arrival_rate x service_time, busy)``: tasks the arrivals keep busy at
   once, or what runs now if that is more (the rate is a window average and lags a
   rise);
-- ``spare = max(0, replicas x target / service_time - arrival_rate)``: tasks per second
-  the current replicas, starting ones included, clear beyond the arrivals;
+- ``startup``: the start-up time's estimate, or the age of the oldest replica still
+  starting if that is longer (it shows the start-up is at least that: the first
+  scale-up of a pool with a slow start-up is not planned with the 30 s default);
+- ``serving = ready + sum(min(startup, age)) / startup`` over the starting replicas:
+  the replicas that serve over the next start-up, on average. A starting replica
+  serves only after it turns ready, about one start-up after it was first seen, so it
+  counts for the share of the coming start-up it will be ready for (one just asked for
+  counts 0). Counting starting replicas in full made a rise meeting a 90 s start-up
+  look covered while the queue grew behind a single ready replica;
+- ``spare = max(0, serving x target / service_time - arrival_rate)``: tasks per second
+  the current replicas, starting ones included as above, clear beyond the arrivals;
 - ``left = max(0, queued - spare x startup)``: the backlog they do not clear before a
-  new replica could start; only that justifies new replicas;
-- ``backlog = left x service_time / drain_horizon``: the extra tasks in service that
-  drain ``left`` within the horizon;
+  new replica could start; only that justifies new replicas. Its tasks already wait
+  longer than a start-up;
+- ``backlog = left x service_time / horizon``, ``horizon = max(drain_horizon,
+  service_time)``: the extra tasks in service that drain ``left`` within the horizon
+  of the new replicas starting. Tasks are served oldest first, so a task that arrives
+  as they start waits for the backlog ahead of it: the horizon is the wait it gets,
+  and ``drain_horizon`` is the queue wait aimed at. Never shorter than one service
+  time: ``left x service / horizon`` tasks in service are then ``left`` or more, every
+  queued task started at once, and a shorter horizon buys nothing but replicas;
 - ``effective = ceil(min(queued + busy, load + backlog))``: never more than the old
   rule asked for, beyond the noise of the running count.
 
@@ -220,14 +235,30 @@ class Sizing:
     rate or no service time), any queued task."""
 
 
+def serving(est: Estimates, replicas: int, now: float | None, startup: float) -> float:
+    """The replicas that serve over the next start-up, on average: a ready one for all
+    of it, a starting one for the part after it turns ready, ``min(startup, age) /
+    startup`` where ``age`` is how long it has been starting (it turns ready about one
+    start-up after it was first seen). All of them when which are ready is not known."""
+    if now is None or est.ready is None or startup <= 0:
+        return float(replicas)
+    ready = min(est.ready, replicas)
+    ages = [now - t for t in est.starting_since[:replicas - ready]]
+    return ready + sum(min(startup, max(0.0, a)) for a in ages) / startup
+
+
 def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
-         s: PlanSettings) -> Sizing:
+         s: PlanSettings, now: float | None = None) -> Sizing:
     """The tasks to size for (see the module docstring), with the reasoning."""
     q, x = demand.queued, demand.running
     outstanding = q + x
     rate, service = demand.arrival_rate, est.service
     startup = est.startup_time(s)
     known = "measured" if est.startup is not None else "default"
+    oldest = now - est.starting_since[0] if now is not None and est.starting_since else 0.0
+    if oldest > startup:  # a replica still starting shows the start-up is at least that
+        startup, known = oldest, f"{known} {est.startup_time(s):.3g}s, but a replica has " \
+                                 f"been starting {oldest:.3g}s"
     lines = [f"queued {q}, running {x}, replicas {replicas} (starting ones included), "
              f"target {target}/replica"]
     if rate is None or service is None:
@@ -237,9 +268,11 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     steady = rate * service
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
-    spare = max(0.0, replicas * target / service - rate)
+    serve = serving(est, replicas, now, startup)
+    spare = max(0.0, serve * target / service - rate)
     left = max(0.0, q - spare * startup)
-    backlog = left * service / s.drain_horizon
+    horizon = max(s.drain_horizon, service)
+    backlog = left * service / horizon
     effective = math.ceil(min(q + busy, load + backlog) - 1e-9)
     peak = est.peak_rate(s)
     reserve = 0
@@ -256,9 +289,12 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "
          f"service = {steady:.3g})"),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
-        f"spare = max(0, replicas x target / service - arrivals) = {spare:.3g} tasks/s",
+        f"serving over the start-up = ready + starting ones for the part after they turn "
+        f"ready = {serve:.3g} replicas",
+        f"spare = max(0, serving x target / service - arrivals) = {spare:.3g} tasks/s",
         f"backlog left after start-up = max(0, queued - spare x start-up) = {left:.3g}",
-        f"backlog term = left x service / {s.drain_horizon:g}s horizon = {backlog:.3g} tasks",
+        f"backlog term = left x service / horizon max({s.drain_horizon:g}s, service) = "
+        f"{backlog:.3g} tasks",
         f"size for ceil(min(queued + in service, load + backlog)) = {effective} tasks",
     ]
     if peak is not None:

@@ -295,7 +295,7 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
     sizing: Sizing | None = None
     if p.demand is not None:
         sizing = size(p.demand, tracked.estimates, replicas=current or 0,
-                      target=p.spec.target_per_replica, s=s)
+                      target=p.spec.target_per_replica, s=s, now=now)
         hist = tracked.add(now, sizing.effective, keep)
     else:
         hist = replace(tracked, samples=())

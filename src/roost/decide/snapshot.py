@@ -225,9 +225,11 @@ class PlanSettings:
     """Time constant of the moving average of the service time, seconds."""
     startup_default: float = 30.0
     """Replica start-up time assumed until the pool has shown its own."""
-    drain_horizon: float = 60.0
+    drain_horizon: float = 5.0
     """Backlog left after the replicas already there (or starting) have done what they
-    can is sized to drain within this many seconds of new replicas starting."""
+    can is sized to drain within this many seconds of new replicas starting, or one
+    service time if that is longer. Tasks are served oldest first, so this is the queue
+    wait of a task that arrives as they start: the wait aimed at."""
     growth_period: float = 15.0
     disruption_period: float = 60.0
     flap_window: float = 300.0
