@@ -53,6 +53,10 @@ def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
     assert step["probe_at_0"]["errors"] == step["probe_at_live"]["errors"] == 0
     assert 0 < step["probe_at_0"]["run_p50_ms"] and step["latency_ratio"] > 0
     assert step["probe_at_live"]["mirror_lag_max_ms"] < float("inf")
+    for at in ("probe_at_0", "probe_at_live"):  # every role's CPU was found and read
+        assert set(step[at]["cpu_ms_per_probe"]) == {"client", "gateway", "nats", "nodes"}
+        assert step[at]["cpu_ms_per_probe"]["gateway"] > 0
+        assert all(v >= 0 for v in step[at]["idle_cpu_percent"].values())
     assert step["gateway_rss_mib"]["after_fill"] > 0
     assert all(d["ok"] > 0 for d in step["describe_at_live"].values())
     assert (out / "scale.png").stat().st_size > 0
