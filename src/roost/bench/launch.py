@@ -403,8 +403,9 @@ async def bench_all(roosts: Mapping[str, Signer], peers: Peers, *, levels: Seque
             if root and lv.pairs:
                 after = cpu_seconds(root)
                 after["client"], before["client"] = time.process_time(), client
-                row["cpu_ms_per_pair"] = {k: round((after[k] - before[k]) * 1000 / lv.pairs,
-                                                   3) for k in after}
+                row["cpu_ms_per_pair"] = {
+                    k: round((after[k] - before.get(k, 0.0)) * 1000 / lv.pairs, 3)
+                    for k in after}
                 click.echo(f"  {name:<5} c={c:>3}: CPU ms per pair {row['cpu_ms_per_pair']}",
                            err=True)
             out[name].append(row)

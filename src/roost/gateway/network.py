@@ -586,10 +586,11 @@ class NetworkStore:
                 live[(r.network.subnet_id, _address(r.private_ip))] = r.launch_id
             if r.public_ip:
                 live[(PUBLIC_POOL_ID, _address(r.public_ip))] = r.launch_id
-        freed = 0
+        freed = seen = 0
         for subnet_id, held in list(self._addresses.items()):
-            for k, (n, (_, claim)) in enumerate(list(held.items())):
-                if k % SWEEP_SLICE == SWEEP_SLICE - 1:
+            for n, (_, claim) in list(held.items()):
+                seen += 1  # counted across subnets: many small ones are as long a walk
+                if seen % SWEEP_SLICE == 0:
                     await asyncio.sleep(0)
                 if live.get((subnet_id, n)) == claim.launch_id:
                     continue
