@@ -352,8 +352,11 @@ def test_one_extreme_burst_neither_hides_the_recurring_ones_nor_sets_their_room(
     assert max(x for x in xs if x < 40) < statistics.mean(xs) + 2 * statistics.stdev(xs)
     peak = replace(_est(1.0), rates=_rates(*reads)).peak_rate(s)
     assert peak is not None and peak.recurs and peak.highest == 40.0
-    # the room is no more than the bursts reached twice
+    # the room is no more than the bursts reached twice, and /status says so
     assert peak.rate == 4.0
+    est = replace(_est(1.0), rates=_rates(*reads))
+    got = size(Demand(0, 1, 1.0), est, replicas=1, target=1, s=s)
+    assert any("second-highest burst 4/s; bursts recur" in line for line in got.explain)
     # one burst alone, however high, does not recur
     once = replace(_est(1.0), rates=_rates(*[1.0] * 19, 40.0, 1.0)).peak_rate(s)
     assert once is not None and not once.recurs

@@ -156,6 +156,9 @@ class Peak:
     recurs: bool = False
     """The reads rose above `trimmed_line` (Poisson noise included) at least twice,
     falling below the mean between: bursts that come back."""
+    ceiling: float | None = None
+    """The most room is held for: the highest read, or the second-highest burst's once
+    bursts recur (None: the highest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,7 @@ class Estimates:
         # not set the room held for the others
         cap = sorted(tops)[-2] if len(tops) >= 2 else max(xs)
         return Peak(mean, sd, max(xs), min(mean + s.headroom_sigmas * sd, cap),
-                    sd > 0 and len(tops) >= 2)
+                    sd > 0 and len(tops) >= 2, cap)
 
     def startup_time(self, s: PlanSettings) -> float:
         return self.startup if self.startup is not None else s.startup_default
@@ -324,9 +327,14 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             f"headroom: burst rates (most arrivals within one service time, read at "
             f"{service_grain(service, s):g}s) over {s.headroom_window:g}s: mean "
             f"{peak.mean:.3g}/s, sd "
-            f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s; hold room for min(mean + "
-            f"{s.headroom_sigmas:g} sd, highest) = {peak.rate:.3g}/s x service = {reserve} "
-            "tasks")
+            f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s"
+            + ("" if peak.ceiling is None or peak.ceiling >= peak.highest else
+               f", second-highest burst {peak.ceiling:.3g}/s")
+            + f"; bursts {'recur' if peak.recurs else 'do not recur'}; hold room for "
+            f"min(mean + {s.headroom_sigmas:g} sd, "
+            + ("highest" if peak.ceiling is None or peak.ceiling >= peak.highest else
+               "second-highest burst")
+            + f") = {peak.rate:.3g}/s x service = {reserve} tasks")
         lines.append(f"scale down no lower than the headroom: {reserve} tasks")
     return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left,
                   left > 0)
