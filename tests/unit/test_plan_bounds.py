@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -340,6 +341,25 @@ def test_headroom_holds_room_for_bursts_beyond_poisson_noise() -> None:
     assert step_peak is not None and step_peak.rate == 10.0
     assert replace(_est(1.0), rates=_rates(1.0, 4.0)).peak_rate(
         replace(s, headroom_sigmas=0)) is None
+
+
+def test_one_extreme_burst_neither_hides_the_recurring_ones_nor_sets_their_room() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0)
+    # bursts to 4/s come back, one of them to 40/s: against the sd of every read (the
+    # 40 in it) the 4s sit below mean + 2 sd; left out of the line, the 40 does not
+    reads = (*[1.0] * 9, 4.0, *[1.0] * 9, 40.0, *[1.0] * 9, 4.0, 1.0)
+    xs = list(reads)
+    assert max(x for x in xs if x < 40) < statistics.mean(xs) + 2 * statistics.stdev(xs)
+    peak = replace(_est(1.0), rates=_rates(*reads)).peak_rate(s)
+    assert peak is not None and peak.recurs and peak.highest == 40.0
+    # the room is no more than the bursts reached twice, and /status says so
+    assert peak.rate == 4.0
+    est = replace(_est(1.0), rates=_rates(*reads))
+    got = size(Demand(0, 1, 1.0), est, replicas=1, target=1, s=s)
+    assert any("second-highest burst 4/s; bursts recur" in line for line in got.explain)
+    # one burst alone, however high, does not recur
+    once = replace(_est(1.0), rates=_rates(*[1.0] * 19, 40.0, 1.0)).peak_rate(s)
+    assert once is not None and not once.recurs
 
 
 def test_a_burst_is_read_at_one_service_time_not_at_the_rate_window() -> None:

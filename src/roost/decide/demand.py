@@ -62,10 +62,12 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   reads sample the rate over time. ``sd`` counts only the
   variance beyond what Poisson arrivals at the mean show at that span: the target per
   replica already absorbs that. It holds only for bursts that recur (the reads rose
-  above ``mean + headroom_sigmas x`` their whole sd at least twice, falling below the
-  mean between, or the pool is flapping), and it only stops a scale-down: it never
-  makes a pool grow. Bursts shorter than a start-up find room instead of a shrunk
-  pool; a step down is not held at its old level;
+  above ``mean + headroom_sigmas x`` the whole sd of the other reads, the highest left
+  out, at least twice, falling below the mean between, or the pool is flapping), and it
+  is never more than the second-highest of those bursts: one extreme burst neither
+  hides the bursts that recur nor sets the room held for them. It only stops a
+  scale-down: it never makes a pool grow. Bursts shorter than a start-up find room
+  instead of a shrunk pool; a step down is not held at its old level;
 - ``short``: the pool is short of capacity now: ``overdue`` above 0, or, without a rate
   or a service time, any queued task. Only a pool short when it grows again soon after
   a scale-down counts as flapping (`roost.decide.plan`): a pool that keeps up with a
@@ -85,6 +87,7 @@ ready), and the burst rates read over the headroom window.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from roost.decide.snapshot import Demand, Infra, PlanSettings
@@ -129,19 +132,33 @@ def in_service(running: int, steady: float, service: float, s: PlanSettings
     return (service * running + w * steady) / (service + w), True
 
 
+def trimmed_line(xs: list[float], sigmas: float) -> float:
+    """``mean + sigmas x sd`` of ``xs`` without their highest: a quantile that the one
+    most extreme read does not lift."""
+    rest = sorted(xs)[:-1]
+    if len(rest) < 2:
+        return max(xs)
+    return statistics.mean(rest) + sigmas * statistics.stdev(rest)
+
+
 @dataclass(frozen=True, slots=True)
 class Peak:
     """The short-horizon peak of the arrival rate: ``min(mean + headroom_sigmas x sd,
-    highest)`` of the rates read over the headroom window. A quantile of what arrived,
-    never above what was seen: a step's own variance does not lift it past the step."""
+    highest)`` of the rates read over the headroom window, the highest being the
+    second-highest burst's once bursts recur. A quantile of what arrived, never above
+    what was seen (twice, for bursts): a step's own variance does not lift it past the
+    step, nor one extreme burst the room held for the others."""
 
     mean: float
     sd: float
     highest: float
     rate: float
     recurs: bool = False
-    """The reads rose above ``mean + headroom_sigmas x`` their whole sd (Poisson noise
-    included) at least twice, falling below the mean between: bursts that come back."""
+    """The reads rose above `trimmed_line` (Poisson noise included) at least twice,
+    falling below the mean between: bursts that come back."""
+    ceiling: float | None = None
+    """The most room is held for: the highest read, or the second-highest burst's once
+    bursts recur (None: the highest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,16 +218,24 @@ class Estimates:
         sd = math.sqrt(max(0.0, var - mean / service_grain(self.service, s)))
         # excursions above the quantile of all the variance (Poisson's included, so noise
         # seldom gets there), each after the rate fell back below the mean: a burst that
-        # came back, not one step or a ramp wavering near the line
-        line = mean + s.headroom_sigmas * math.sqrt(var)
-        bursts, armed = 0, True
+        # came back, not one step or a ramp wavering near the line. The quantile leaves
+        # the highest read out, so one extreme burst does not hide the others.
+        line = trimmed_line(xs, s.headroom_sigmas)
+        tops: list[float] = []  # the highest read of each burst
+        armed = True
         for x in xs:
             if armed and x > line:
-                bursts, armed = bursts + 1, False
+                tops.append(x)
+                armed = False
+            elif not armed and x > tops[-1]:
+                tops[-1] = x
             elif x < mean:
                 armed = True
-        return Peak(mean, sd, max(xs), min(mean + s.headroom_sigmas * sd, max(xs)),
-                    sd > 0 and bursts >= 2)
+        # never room above what the bursts reached at least twice: one extreme burst does
+        # not set the room held for the others
+        cap = sorted(tops)[-2] if len(tops) >= 2 else max(xs)
+        return Peak(mean, sd, max(xs), min(mean + s.headroom_sigmas * sd, cap),
+                    sd > 0 and len(tops) >= 2, cap)
 
     def startup_time(self, s: PlanSettings) -> float:
         return self.startup if self.startup is not None else s.startup_default
@@ -302,9 +327,14 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             f"headroom: burst rates (most arrivals within one service time, read at "
             f"{service_grain(service, s):g}s) over {s.headroom_window:g}s: mean "
             f"{peak.mean:.3g}/s, sd "
-            f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s; hold room for min(mean + "
-            f"{s.headroom_sigmas:g} sd, highest) = {peak.rate:.3g}/s x service = {reserve} "
-            "tasks")
+            f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s"
+            + ("" if peak.ceiling is None or peak.ceiling >= peak.highest else
+               f", second-highest burst {peak.ceiling:.3g}/s")
+            + f"; bursts {'recur' if peak.recurs else 'do not recur'}; hold room for "
+            f"min(mean + {s.headroom_sigmas:g} sd, "
+            + ("highest" if peak.ceiling is None or peak.ceiling >= peak.highest else
+               "second-highest burst")
+            + f") = {peak.rate:.3g}/s x service = {reserve} tasks")
         lines.append(f"scale down no lower than the headroom: {reserve} tasks")
     return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left,
                   left > 0)
