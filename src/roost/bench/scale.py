@@ -267,6 +267,8 @@ class Phase:
     """Error code -> the first message seen with it."""
     wall: float = 0.0
     retries_per_launch: float | None = None
+    terminations: list[tuple[int, float]] = field(default_factory=list)
+    """(ids, seconds) of each departures' TerminateInstances call."""
 
     def count_error(self, code: str, text: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -286,6 +288,12 @@ class Phase:
             "first_messages": self.first_messages,
             "retries_per_launch": self.retries_per_launch,
             "seconds": round(self.wall, 2),
+            "terminate_calls": len(self.terminations),
+            "terminated": sum(n for n, _ in self.terminations),
+            "terminate_call_p50_ms": round(percentile([t for _, t in self.terminations], 50) * ms,
+                                           2),
+            "terminate_call_max_ms": round(max((t for _, t in self.terminations), default=0.0)
+                                           * ms, 2),
         }
 
 
@@ -400,11 +408,14 @@ class Client:
         for chunk in calls:
             ids = "&".join(f"InstanceId.{n + 1}={iid}" for n, iid in enumerate(chunk))
             self.terminating += 1
+            sent = time.perf_counter()
             try:
                 status, text = await self.call(f"Action=TerminateInstances&{VERSION}&{ids}")
             finally:
                 self.terminating -= 1
                 self.last_terminated = asyncio.get_running_loop().time()
+            if phase is not None:
+                phase.terminations.append((len(chunk), time.perf_counter() - sent))
             if status != 200 and phase is not None:
                 phase.count_error("Terminate." + (CODE.findall(text) or ["unknown"])[0], text)
         return len(due)
