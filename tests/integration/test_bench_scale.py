@@ -57,6 +57,8 @@ def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
         assert set(step[at]["cpu_ms_per_probe"]) == {"client", "gateway", "nats", "nodes"}
         assert step[at]["cpu_ms_per_probe"]["gateway"] > 0
         assert all(v >= 0 for v in step[at]["idle_cpu_percent"].values())
+    for ph in (step["probe_at_0"], step["probe_at_live"], step["fill"], step["steady"]):
+        assert set(ph["gateway_gc"]) == {"full_collections", "seconds"}  # read from /metrics
     assert step["gateway_rss_mib"]["after_fill"] > 0
     assert all(d["ok"] > 0 for d in step["describe_at_live"].values())
     assert (out / "scale.png").stat().st_size > 0

@@ -269,6 +269,8 @@ class Phase:
     retries_per_launch: float | None = None
     terminations: list[tuple[int, float]] = field(default_factory=list)
     """(ids, seconds) of each departures' TerminateInstances call."""
+    gateway_gc: dict[str, float] = field(default_factory=dict)
+    """The gateway's garbage collector over the phase (`gc_between`)."""
 
     def count_error(self, code: str, text: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -288,6 +290,7 @@ class Phase:
             "first_messages": self.first_messages,
             "retries_per_launch": self.retries_per_launch,
             "seconds": round(self.wall, 2),
+            "gateway_gc": self.gateway_gc,
             "terminate_calls": len(self.terminations),
             "terminated": sum(n for n, _ in self.terminations),
             "terminate_call_p50_ms": round(percentile([t for _, t in self.terminations], 50) * ms,
@@ -581,13 +584,31 @@ def _scrape(endpoint: str) -> str:
 
 def attempts_and_launches(endpoint: str) -> tuple[float, float]:
     """Placement attempts sent to nodes, and instances launched, so far."""
-    attempts = launched = 0.0
+    c = _counters(endpoint)
+    return c["attempts"], c["launched"]
+
+
+def _counters(endpoint: str) -> dict[str, float]:
+    """The gateway's counters the bench reads: placement attempts, instances launched,
+    and its garbage collector's pauses (full collections, and seconds of all)."""
+    out = {"attempts": 0.0, "launched": 0.0, "full_collections": 0.0, "gc_seconds": 0.0}
     for line in _scrape(endpoint).splitlines():
+        value = line.rsplit(" ", 1)[-1]
         if line.startswith("roost_placement_attempts_total{"):
-            attempts += float(line.rsplit(" ", 1)[1])
+            out["attempts"] += float(value)
         elif line.startswith('roost_launches_total{outcome="launched"}'):
-            launched += float(line.rsplit(" ", 1)[1])
-    return attempts, launched
+            out["launched"] += float(value)
+        elif line.startswith('roost_gateway_gc_seconds_count{generation="2"}'):
+            out["full_collections"] += float(value)
+        elif line.startswith("roost_gateway_gc_seconds_sum{"):
+            out["gc_seconds"] += float(value)
+    return out
+
+
+def gc_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The gateway's collector over a phase: full collections, and seconds paused."""
+    return {"full_collections": after["full_collections"] - before["full_collections"],
+            "seconds": round(after["gc_seconds"] - before["gc_seconds"], 3)}
 
 
 def rss_mib(pids: Sequence[int]) -> float:
@@ -725,15 +746,21 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         client.subnets = await make_subnets(client, math.ceil(s.live * 1.2 / SUBNET_ROOM))
         probe_type = types[0].name
         rss0 = rss_mib(pool.pids)
+        c0 = _counters(pool.endpoint)
         out["probe_at_0"] = await probe(client, s.probes, probe_type, s.idle_seconds)
+        c1 = _counters(pool.endpoint)
+        out["probe_at_0"]["gateway_gc"] = gc_between(c0, c1)
         say(f"  probe at 0: {out['probe_at_0']}")
         steady = schedule(source, rate=s.rate, live=s.live, seconds=s.steady_seconds)
         ph = await fill(client, source, live=s.live, life_scale=steady.life_scale, say=say)
+        c2 = _counters(pool.endpoint)
+        ph.gateway_gc = gc_between(c1, c2)
         out["fill"] = ph.summary()
         say(f"  fill: {out['fill']}")
         out["live_after_fill"] = len(client.live)
         rss1 = rss_mib(pool.pids)
         out["probe_at_live"] = await probe(client, s.probes, probe_type, s.idle_seconds)
+        out["probe_at_live"]["gateway_gc"] = gc_between(c2, _counters(pool.endpoint))
         say(f"  probe at {len(client.live)} live: {out['probe_at_live']}")
         out["describe_at_live"] = await describe_latency(client, max(5, s.probes // 4),
                                                          probe_type)
@@ -776,11 +803,13 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
 
 
 async def _timed(client: Client, endpoint: str, phase: Phase, sched: Schedule) -> None:
-    a0, l0 = attempts_and_launches(endpoint)
+    c0 = _counters(endpoint)
     await open_loop(client, phase, sched)
-    a1, l1 = attempts_and_launches(endpoint)
-    if l1 > l0:
-        phase.retries_per_launch = round((a1 - a0) / (l1 - l0) - 1, 4)
+    c1 = _counters(endpoint)
+    if c1["launched"] > c0["launched"]:
+        phase.retries_per_launch = round(
+            (c1["attempts"] - c0["attempts"]) / (c1["launched"] - c0["launched"]) - 1, 4)
+    phase.gateway_gc = gc_between(c0, c1)
 
 
 # -- report ---------------------------------------------------------------------------

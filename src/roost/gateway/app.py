@@ -118,7 +118,7 @@ def ec2_endpoint(parts: AppParts) -> Endpoint:
             bug = InternalError(f"An internal error has occurred (request {request_id}).")
             text, status, code = xml.error(bug, request_id), bug.http_status, bug.code
         metrics.requests.labels(action, code).inc()
-        metrics.request_seconds.labels(action).observe(time.perf_counter() - started)
+        metrics.observed(action, time.perf_counter() - started)
         return _xml_response(text, status, request_id)
 
     return handle

@@ -153,6 +153,7 @@ class Gateway:
         """Connect, follow the buckets and serve once every mirror has caught up; fail
         if ``sync_timeout`` seconds pass with no bucket entry coming in meanwhile."""
         cfg = self.config
+        self.metrics.watch_gc()
         self._nc = nc = await connect(cfg.nats_urls, name="roost-gateway", auth=cfg.nats_auth)
         records = await key_value(nc, subjects.INSTANCES_BUCKET)
         tags = await key_value(nc, subjects.TAGS_BUCKET)
@@ -261,6 +262,7 @@ class Gateway:
                                       "live_nodes": nodes, "pid": os.getpid()}
 
     async def stop(self) -> None:
+        self.metrics.unwatch_gc()
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             await asyncio.gather(self._serving, return_exceptions=True)
