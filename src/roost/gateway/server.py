@@ -30,6 +30,7 @@ from roost.domain.network import PUBLIC_IPV4_POOL
 from roost.gateway.accounts import AccountStore, KeyBook
 from roost.gateway.app import AppParts, build_app
 from roost.gateway.capacity import FULL_AFTER, CapacityView
+from roost.gateway.collector import Collector
 from roost.gateway.images import ImageStore
 from roost.gateway.index import InstanceIndex
 from roost.gateway.launch import Launcher, LaunchPolicy
@@ -136,6 +137,7 @@ class Gateway:
         self._volumes: VolumeStore | None = None
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._collector: asyncio.Task[None] | None = None
         self._sock: socket.socket | None = None
         self.service: Ec2Service | None = None
 
@@ -235,6 +237,7 @@ class Gateway:
         self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                               lifespan="off", proxy_headers=False))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        self._collector = asyncio.create_task(Collector().run(), name="collector")
         while not self._server.started:
             if self._serving.done():
                 self._serving.result()  # raises what stopped it
@@ -263,6 +266,9 @@ class Gateway:
 
     async def stop(self) -> None:
         self.metrics.unwatch_gc()
+        if self._collector is not None:
+            self._collector.cancel()
+            await asyncio.gather(self._collector, return_exceptions=True)
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             await asyncio.gather(self._serving, return_exceptions=True)

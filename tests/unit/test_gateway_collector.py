@@ -1,0 +1,43 @@
+"""The gateway's collector policy: freeze after a full collection, thaw on schedule, and
+leave the process's collector as it found it when stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable
+
+from roost.gateway.collector import Collector
+
+
+async def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Seconds on a loaded machine; the looks are every 50 ms."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the collector policy did not act in time"
+        await asyncio.sleep(0.01)
+
+
+async def _drive() -> None:
+    c = Collector(thaw_every=1.0, look_every=0.05)
+    task = asyncio.create_task(c.run())
+    try:
+        await asyncio.sleep(0.2)
+        assert c.freezes == 0  # no full collection to freeze after yet
+        gc.collect()
+        await _until(lambda: c.freezes == 1)
+        assert gc.get_freeze_count() > 0
+        await asyncio.sleep(0.2)
+        assert c.freezes == 1  # once per full collection, not per look
+        await _until(lambda: c.thaws >= 1)
+        assert gc.get_freeze_count() == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert gc.get_freeze_count() == 0
+    assert c._on_gc not in gc.callbacks
+
+
+def test_freezes_after_a_full_collection_and_thaws_on_schedule() -> None:
+    asyncio.run(_drive())
