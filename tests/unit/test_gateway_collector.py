@@ -20,10 +20,11 @@ async def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 async def _drive() -> None:
-    c = Collector(thaw_every=1.0, look_every=0.05)
+    looks: list[float] = []
+    c = Collector(thaw_every=1.0, look_every=0.05, each_look=lambda: looks.append(1.0))
     task = asyncio.create_task(c.run())
     try:
-        await asyncio.sleep(0.2)
+        await _until(lambda: len(looks) >= 2)  # the hook runs at every look
         assert c.freezes == 0  # no full collection to freeze after yet
         gc.collect()
         await _until(lambda: c.freezes == 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 THAW_EVERY = 600.0
@@ -32,10 +33,12 @@ class Collector:
     gateway's event loop). The collector is the process's: in a process with several
     gateways (tests), each one's task does the same to it."""
 
-    def __init__(self, *, thaw_every: float = THAW_EVERY, look_every: float = LOOK_EVERY
-                 ) -> None:
+    def __init__(self, *, thaw_every: float = THAW_EVERY, look_every: float = LOOK_EVERY,
+                 each_look: Callable[[], None] | None = None) -> None:
         self.thaw_every = thaw_every
         self.look_every = look_every
+        self.each_look = each_look
+        """Called at every look (the gateway files its metrics' pause notes there)."""
         self.freezes = 0
         self.thaws = 0
         self._full = False
@@ -51,6 +54,8 @@ class Collector:
         try:
             while True:
                 await asyncio.sleep(self.look_every)
+                if self.each_look is not None:
+                    self.each_look()
                 if time.monotonic() - thawed >= self.thaw_every:
                     gc.unfreeze()
                     self.thaws += 1

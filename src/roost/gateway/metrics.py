@@ -86,6 +86,11 @@ class GatewayMetrics:
     def observed(self, action: str, seconds: float) -> None:
         """One EC2 request's latency, and the collector's pauses noted since the last."""
         self.request_seconds.labels(action).observe(seconds)
+        self.file_gc()
+
+    def file_gc(self) -> None:
+        """File the collector's pauses noted so far: with each request, and every second
+        from the gateway's collector task, so an idle gateway's notes do not pile up."""
         if self._gc_pauses:
             pauses, self._gc_pauses = self._gc_pauses, []
             for generation, paused in pauses:

@@ -237,7 +237,8 @@ class Gateway:
         self._server = _Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                               lifespan="off", proxy_headers=False))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-        self._collector = asyncio.create_task(Collector().run(), name="collector")
+        self._collector = asyncio.create_task(
+            Collector(each_look=self.metrics.file_gc).run(), name="collector")
         while not self._server.started:
             if self._serving.done():
                 self._serving.result()  # raises what stopped it
