@@ -403,9 +403,7 @@ async def bench_all(roosts: Mapping[str, Signer], peers: Peers, *, levels: Seque
             if root and lv.pairs:
                 after = cpu_seconds(root)
                 after["client"], before["client"] = time.process_time(), client
-                row["cpu_ms_per_pair"] = {
-                    k: round((after[k] - before.get(k, 0.0)) * 1000 / lv.pairs, 3)
-                    for k in after}
+                row["cpu_ms_per_pair"] = cpu_between(before, after, lv.pairs / 1000)
                 click.echo(f"  {name:<5} c={c:>3}: CPU ms per pair {row['cpu_ms_per_pair']}",
                            err=True)
             out[name].append(row)
@@ -590,6 +588,13 @@ def _proc_cpu(pid: int) -> tuple[float, int, str]:
             "nats" if b"nats-server" in cmd else
             "nodes" if b"roost.bench.scale" in cmd else "other")
     return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[1]), role
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float],
+                per: float) -> dict[str, float]:
+    """Each role's CPU seconds from ``before`` to ``after`` (`cpu_seconds` readings),
+    divided by ``per``; a role first seen in ``after`` counts from zero."""
+    return {k: round((after[k] - before.get(k, 0.0)) / per, 3) for k in sorted(after)}
 
 
 def cpu_seconds(root: int) -> dict[str, float]:

@@ -59,7 +59,7 @@ from typing import Any
 
 import click
 
-from roost.bench.launch import Connection, Signer, cpu_seconds, percentile
+from roost.bench.launch import Connection, Signer, cpu_between, cpu_seconds, percentile
 from roost.bench.report import machine
 from roost.bench.traces import TraceMissing, VmTrace, default_data_dir, load_azure
 from roost.bench.vm_sim import flavor_types
@@ -500,11 +500,6 @@ def _role_cpu() -> dict[str, float]:
     return out
 
 
-def _cpu_between(before: dict[str, float], after: dict[str, float],
-                 per: float) -> dict[str, float]:
-    return {k: round((after[k] - before.get(k, 0.0)) / per, 3) for k in sorted(after)}
-
-
 async def probe(client: Client, n: int, itype: str, idle: float) -> dict[str, Any]:
     """``n`` sequential RunInstances + TerminateInstances of one ``itype``, and how long
     after each answer the instance is describable through a fresh connection. Before
@@ -531,8 +526,8 @@ async def probe(client: Client, n: int, itype: str, idle: float) -> dict[str, An
     c2 = _role_cpu()
     ms = 1000.0
     return {"probes": n, "errors": errors,
-            "idle_cpu_percent": _cpu_between(c0, c1, idle / 100), "idle_seconds": idle,
-            "cpu_ms_per_probe": _cpu_between(c1, c2, n / ms),
+            "idle_cpu_percent": cpu_between(c0, c1, idle / 100), "idle_seconds": idle,
+            "cpu_ms_per_probe": cpu_between(c1, c2, n / ms),
             "run_p50_ms": round(percentile(runs, 50) * ms, 2),
             "run_p99_ms": round(percentile(runs, 99) * ms, 2),
             "mirror_lag_p50_ms": round(percentile(lags, 50) * ms, 2),
@@ -580,12 +575,6 @@ async def describe_latency(client: Client, n: int, itype: str) -> dict[str, Any]
 def _scrape(endpoint: str) -> str:
     with urllib.request.urlopen(endpoint.rstrip("/") + "/metrics", timeout=30) as resp:
         return str(resp.read().decode())
-
-
-def attempts_and_launches(endpoint: str) -> tuple[float, float]:
-    """Placement attempts sent to nodes, and instances launched, so far."""
-    c = _counters(endpoint)
-    return c["attempts"], c["launched"]
 
 
 def _counters(endpoint: str) -> dict[str, float]:
