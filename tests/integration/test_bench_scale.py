@@ -59,6 +59,9 @@ def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
         assert all(v >= 0 for v in step[at]["idle_cpu_percent"].values())
     for ph in (step["probe_at_0"], step["probe_at_live"], step["fill"], step["steady"]):
         assert set(ph["gateway_gc"]) == {"full_collections", "seconds"}  # read from /metrics
+    for ph in (step["fill"], step["steady"], *step["bursts"]):  # each phase's CPU, by role
+        assert set(ph["cpu_percent"]) == set(ph["cpu_ms_per_launch"]) >= {"gateway", "nodes"}
+        assert ph["cpu_ms_per_launch"]["gateway"] > 0 and ph["cpu_percent"]["nodes"] > 0
     assert step["gateway_rss_mib"]["after_fill"] > 0
     assert all(d["ok"] > 0 for d in step["describe_at_live"].values())
     assert (out / "scale.png").stat().st_size > 0

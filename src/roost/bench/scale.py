@@ -271,6 +271,18 @@ class Phase:
     """(ids, seconds) of each departures' TerminateInstances call."""
     gateway_gc: dict[str, float] = field(default_factory=dict)
     """The gateway's garbage collector over the phase (`gc_between`)."""
+    cpu_percent: dict[str, float] = field(default_factory=dict)
+    """Each role's CPU over the phase, percent of a core (`_role_cpu` roles)."""
+    cpu_ms_per_launch: dict[str, float] = field(default_factory=dict)
+    """Each role's CPU milliseconds per instance launched in the phase (the phase's
+    departures and background included)."""
+
+    def note_cpu(self, before: dict[str, float], after: dict[str, float]) -> None:
+        """File each role's CPU from ``before`` to ``after`` (`_role_cpu` readings)."""
+        if self.wall:
+            self.cpu_percent = cpu_between(before, after, self.wall / 100)
+        if self.launched:
+            self.cpu_ms_per_launch = cpu_between(before, after, self.launched / 1000)
 
     def count_error(self, code: str, text: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -291,6 +303,7 @@ class Phase:
             "retries_per_launch": self.retries_per_launch,
             "seconds": round(self.wall, 2),
             "gateway_gc": self.gateway_gc,
+            "cpu_percent": self.cpu_percent, "cpu_ms_per_launch": self.cpu_ms_per_launch,
             "terminate_calls": len(self.terminations),
             "terminated": sum(n for n, _ in self.terminations),
             "terminate_call_p50_ms": round(percentile([t for _, t in self.terminations], 50) * ms,
@@ -741,7 +754,9 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         out["probe_at_0"]["gateway_gc"] = gc_between(c0, c1)
         say(f"  probe at 0: {out['probe_at_0']}")
         steady = schedule(source, rate=s.rate, live=s.live, seconds=s.steady_seconds)
+        r0 = _role_cpu()
         ph = await fill(client, source, live=s.live, life_scale=steady.life_scale, say=say)
+        ph.note_cpu(r0, _role_cpu())
         c2 = _counters(pool.endpoint)
         ph.gateway_gc = gc_between(c1, c2)
         out["fill"] = ph.summary()
@@ -792,9 +807,10 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
 
 
 async def _timed(client: Client, endpoint: str, phase: Phase, sched: Schedule) -> None:
-    c0 = _counters(endpoint)
+    c0, r0 = _counters(endpoint), _role_cpu()
     await open_loop(client, phase, sched)
     c1 = _counters(endpoint)
+    phase.note_cpu(r0, _role_cpu())
     if c1["launched"] > c0["launched"]:
         phase.retries_per_launch = round(
             (c1["attempts"] - c0["attempts"]) / (c1["launched"] - c0["launched"]) - 1, 4)
@@ -847,6 +863,14 @@ def format_markdown(report: dict[str, Any]) -> str:
             lines += [f"| {st['nodes']} | {at.removeprefix('probe_')} | {role} | "
                       f"{pr['idle_cpu_percent'].get(role, '')} | {ms} |"
                       for role, ms in pr.get("cpu_ms_per_probe", {}).items()]
+    lines += ["", "Where each phase's CPU went, by role: percent of a core over the phase, and "
+              "ms per instance launched (the phase's departures and background included).", "",
+              "| nodes | phase | role | CPU % | CPU ms per launch |", "|---|---|---|---|---|"]
+    for st in report["steps"]:
+        for ph in (st["fill"], st["steady"], *(b for b in st["bursts"] if "failed" not in b)):
+            lines += [f"| {st['nodes']} | {ph['phase']} | {role} | {pct} | "
+                      f"{ph.get('cpu_ms_per_launch', {}).get(role, '')} |"
+                      for role, pct in ph.get("cpu_percent", {}).items()]
     return "\n".join(lines) + "\n"
 
 
