@@ -157,6 +157,24 @@ def test_holds_subtract_in_flight_launches_until_a_snapshot_covers_them() -> Non
     assert view.nodes()[0].free.resources.cpu_milli == 6000
 
 
+def test_a_heartbeat_that_repeats_the_room_keeps_the_nodes_view() -> None:
+    """Placement remembers its verdict on a node by the view's identity: a heartbeat
+    saying the same must keep the object, and any change of room must replace it."""
+    view = CapacityView(Clock())
+    view.apply(snap("n1", 1, sent=1.0))
+    first = view.nodes()[0]
+    view.apply(snap("n1", 2, sent=2.0, fit={"t3.micro": 4, "t3.nano": 9}))
+    assert view.nodes()[0] is first  # other fields than the room may differ
+    for seq, change in enumerate([{"cpu": 6000}, {"draining": True},
+                                  {"gpu_free": [1000], "gpu_models": ["T4"]}], start=3):
+        view.apply(snap("n1", seq, sent=float(seq), **change))
+        now = view.nodes()
+        assert not now or now[0] is not first, change
+        first = now[0] if now else first
+    view.apply(snap("n1", 9, sent=9.0, boot="b2"))  # a restart with other room
+    assert view.nodes()[0] is not first and view.nodes()[0].free.gpu_models == ()
+
+
 @pytest.mark.parametrize(
     ("models", "devices", "free_after"),
     [
