@@ -138,7 +138,7 @@ async def test_one_process_of_a_pool_gives_back_and_the_sweep_covers_a_miss(
     should it miss it, the sweep of any process takes it back at once, young or not."""
     a, b = stores
     a.stripe, b.stripe = (0, 2), (1, 2)
-    owners = [[store._gives_back(f"r-{k}-0") for store in (a, b)] for k in range(200)]
+    owners = [[store.gives_back(f"r-{k}-0") for store in (a, b)] for k in range(200)]
     assert all(sum(o) == 1 for o in owners)
     assert 60 < sum(o[0] for o in owners) < 140  # spread over both
     subnet = a.default_subnet_for("roost-1a")

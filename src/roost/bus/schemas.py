@@ -284,6 +284,14 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def stamp_seconds(iso: str) -> float:
+    """A record's stamp (`now_iso`) as POSIX seconds; an unreadable one counts as old."""
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def encode(msg: Msg) -> bytes:
     return msgspec.json.encode(msg)
 

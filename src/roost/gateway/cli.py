@@ -96,6 +96,13 @@ def parse_credentials(values: tuple[str, ...]) -> dict[str, str]:
               type=click.FloatRange(min=60), default=24 * 3600.0, show_default=True,
               help="Seconds a RunInstances ClientToken is remembered. "
                    "Env: ROOST_GATEWAY_CLIENT_TOKEN_TTL.")
+@click.option("--terminated-retention-seconds", "terminated_retention",
+              envvar="ROOST_GATEWAY_TERMINATED_RETENTION_SECONDS",
+              type=click.FloatRange(min=1), default=3600.0, show_default=True,
+              help="How long a terminated instance of a node forgotten with `roost node "
+                   "forget` stays describable; then the gateways delete its record (a "
+                   "live node expires its own). "
+                   "Env: ROOST_GATEWAY_TERMINATED_RETENTION_SECONDS.")
 @click.option("--workers", envvar="ROOST_GATEWAY_WORKERS", type=click.IntRange(min=1),
               default=1, show_default=True,
               help="Gateway processes sharing the port (SO_REUSEPORT), each with its own "
@@ -109,8 +116,8 @@ def gateway(nats_urls: tuple[str, ...], nats_auth: NatsAuth | None, host: str, p
             region: str, credentials: tuple[str, ...], operator_key_file: Path | None,
             no_auth: bool, policy: str,
             workload_file: Path | None, types_config: Path | None, launch_timeout: float,
-            max_attempts: int, full_after: float, client_token_ttl: float, workers: int,
-            log_level: str) -> None:
+            max_attempts: int, full_after: float, client_token_ttl: float,
+            terminated_retention: float, workers: int, log_level: str) -> None:
     """Serve the EC2 Query API, placing launches on nodes with room.
 
     Any number of gateways may run against one NATS: they share nothing but the bus
@@ -150,6 +157,7 @@ def gateway(nats_urls: tuple[str, ...], nats_auth: NatsAuth | None, host: str, p
             auth=not no_auth, policy=policy, workload=workload, catalog=catalog,
             launch_timeout=launch_timeout, max_attempts=max_attempts,
             client_token_ttl=client_token_ttl, full_after=full_after, nats_auth=nats_auth,
+            terminated_retention=terminated_retention,
         )
         config.check()
     except ValueError as exc:

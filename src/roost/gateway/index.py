@@ -19,12 +19,18 @@ When a node lets a record expire, the gateways drop that instance's tags and use
 Terminations given while an instance's node was lost wait in `roost_node_orders` until
 the node carries them out; the mirror shows such an instance as ``shutting-down``
 meanwhile (docs/architecture.md, "Lost nodes").
+
+A node that an operator forgot (`roost node forget`) will never expire its records, so
+the gateways do it for it: each process deletes its share (`start`'s ``mine``) of a
+forgotten node's records once they have been terminated longer than the retention.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
@@ -36,7 +42,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from roost.bus import subjects
 from roost.bus.connect import follow_bucket
 from roost.bus.failures import BUS_DOWN
-from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode
+from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode, stamp_seconds
 from roost.domain.accounts import COUNTED_STATES, DEFAULT_ACCOUNT, Held, Tally
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
 from roost.gateway.tenancy import confined_to, visible
@@ -44,6 +50,8 @@ from roost.gateway.tenancy import confined_to, visible
 log = logging.getLogger(__name__)
 
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
+EXPIRE_SLICE = 2_000
+"""Records looked at between yields to other requests, in a look for expired ones."""
 
 
 def _newer(a: InstanceRecord, b: InstanceRecord, *, from_bucket: bool) -> bool:
@@ -70,6 +78,8 @@ class InstanceIndex:
         self._tags: dict[str, tuple[int, dict[str, str]]] = {}
         self._with_user_data: set[str] = set()
         self._orders: dict[str, NodeOrder] = {}  # instance id -> terminate deferred
+        self._forgotten: set[str] = set()
+        """Nodes an operator declared gone for good (`roost node forget`)."""
         kinds = ("records", "tags", "user_data") + (("orders",) if orders else ())
         self._synced = {k: asyncio.Event() for k in kinds}
         self._tasks: list[asyncio.Task[None]] = []
@@ -285,7 +295,54 @@ class InstanceIndex:
 
     # -- watching ----------------------------------------------------------
 
-    def start(self) -> None:
+    def is_forgotten(self, node_id: str) -> bool:
+        """Whether an operator forgot ``node_id`` and it has not come back since."""
+        return node_id in self._forgotten
+
+    async def expire_forgotten(self, now: float, retention: float,
+                               mine: Callable[[InstanceRecord], bool]) -> int:
+        """Delete the records of forgotten nodes terminated more than ``retention``
+        seconds before ``now`` and ``mine`` to delete (the node, gone, cannot). Tags and
+        user data follow when the delete comes back through the watch. Returns how
+        many were deleted; a failed delete is left for the next look."""
+        if not self._forgotten:
+            return 0
+        cutoff = now - retention
+        due = []
+        for k, rec in enumerate(list(self._records.values())):
+            if k % EXPIRE_SLICE == EXPIRE_SLICE - 1:
+                await asyncio.sleep(0)
+            if (rec.node_id in self._forgotten and rec.state == "terminated"
+                    and stamp_seconds(rec.updated_at) <= cutoff and mine(rec)):
+                due.append(rec.instance_id)
+        deleted = 0
+        for iid in due:
+            try:
+                await self._records_kv.delete(iid)
+            except BUS_DOWN as exc:
+                log.warning("could not expire %s of a forgotten node: %r", iid, exc)
+                continue
+            deleted += 1
+        if deleted:
+            log.info("expired %d records of forgotten nodes, terminated before %s s", deleted,
+                     round(cutoff))
+        return deleted
+
+    async def _expirer(self, retention: float, mine: Callable[[InstanceRecord], bool]
+                       ) -> None:
+        every = min(60.0, retention / 4)
+        await asyncio.sleep(random.uniform(0, every))  # a pool's processes not in step
+        while True:
+            try:
+                await self.expire_forgotten(time.time(), retention, mine)
+            except Exception as exc:  # best effort: the next look retries
+                log.warning("expiring the records of forgotten nodes failed: %r", exc)
+            await asyncio.sleep(every)
+
+    def start(self, *, retention: float | None = None,
+              mine: Callable[[InstanceRecord], bool] = lambda _rec: True) -> None:
+        """Follow the buckets; with ``retention``, also expire forgotten nodes' records
+        (`expire_forgotten`) every ``min(60, retention / 4)`` seconds."""
         self._tasks = [
             asyncio.create_task(self._follow(self._records_kv, "records"), name="watch-records"),
             asyncio.create_task(self._follow(self._tags_kv, "tags"), name="watch-tags"),
@@ -295,6 +352,9 @@ class InstanceIndex:
         if self._orders_kv is not None:
             self._tasks.append(asyncio.create_task(self._follow(self._orders_kv, "orders"),
                                                    name="watch-orders"))
+        if retention is not None:
+            self._tasks.append(asyncio.create_task(self._expirer(retention, mine),
+                                                   name="expire-forgotten"))
 
     async def wait_synced(self, timeout: float | None) -> None:
         await asyncio.wait_for(
@@ -350,7 +410,11 @@ class InstanceIndex:
     def _on_order(self, key: str, value: bytes | None) -> None:
         node_id, _, what = key.partition(".")
         if what == subjects.FORGOTTEN:
-            if value is not None and self.on_forgotten is not None:
+            if value is None:
+                self._forgotten.discard(node_id)
+                return
+            self._forgotten.add(node_id)
+            if self.on_forgotten is not None:
                 self.on_forgotten(node_id)
             return
         if value is None:

@@ -535,12 +535,13 @@ class NetworkStore:
             if at < skip:
                 self._scanned[subnet_id] = (subnet, at)
 
-    def _gives_back(self, launch_id: str) -> bool:
+    def gives_back(self, launch_id: str) -> bool:
         """Whether this process gives back what ``launch_id`` held when its instance
-        ends. Every process of a pool sees every instance end; one of them (by a stable
-        hash of the launch, over the pool's `stripe`) writes the deletes, so a pool of n
-        does not send n for each address, n - 1 of them refused. One that missed it
-        (it was restarting) leaves it to the sweep of any process."""
+        ends (and expires its record if its node was forgotten). Every process of a pool
+        sees every instance end; one of them (by a stable hash of the launch, over the
+        pool's `stripe`) writes the deletes, so a pool of n does not send n for each
+        address, n - 1 of them refused. One that missed it (it was restarting) leaves it
+        to the sweep of any process."""
         index, count = self.stripe
         return count <= 1 or zlib.crc32(launch_id.encode()) % count == index
 
@@ -548,7 +549,7 @@ class NetworkStore:
         """An instance terminated or expired: its address comes back (in the background;
         deletes are conditional and idempotent, so another gateway trying too is
         harmless)."""
-        if not self._gives_back(rec.launch_id):
+        if not self.gives_back(rec.launch_id):
             return
         if rec.instance_id in self.instance_groups:
             self._chore(self._forget_groups(rec.instance_id))
@@ -560,7 +561,7 @@ class NetworkStore:
 
     def public_dropped(self, rec: InstanceRecord) -> None:
         """``rec``'s public address is no longer its own (it stopped): give it back."""
-        if self._gives_back(rec.launch_id):
+        if self.gives_back(rec.launch_id):
             self._chore(self.release(PUBLIC_POOL_ID, rec.public_ip, rec.launch_id))
 
     async def _forget_groups(self, instance_id: str) -> None:

@@ -78,6 +78,9 @@ class GatewayConfig:
     launch_timeout: float = 5.0
     max_attempts: int = 3
     client_token_ttl: float = 24 * 3600.0
+    terminated_retention: float = 3600.0
+    """Seconds a terminated instance of a forgotten node (`roost node forget`) stays
+    describable before the gateways delete its record; a live node expires its own."""
     max_instances_per_request: int = 500
     public_ipv4_pool: str = PUBLIC_IPV4_POOL
     """The block public IPv4 addresses are drawn from (recorded, not routed)."""
@@ -198,7 +201,8 @@ class Gateway:
         volumes.start()
         templates.start()
         images.start()
-        index.start()
+        index.start(retention=cfg.terminated_retention,
+                    mine=lambda rec: network.gives_back(rec.launch_id))
         self.keys.start(accounts_kv)
         await until_synced(asyncio.gather(index.wait_synced(None), self.keys.synced.wait(),
                                           network.wait_synced(None), volumes.wait_synced(None),

@@ -457,7 +457,7 @@ class NodeAgent:
         meanwhile (gateways saw NodeTimeout)."""
         cutoff = datetime.now(UTC).timestamp() - self.config.terminated_retention_seconds
         due = [iid for iid, rec in self._records.items()
-               if rec.state == St.TERMINATED.value and _stamp(rec.updated_at) <= cutoff]
+               if rec.state == St.TERMINATED.value and s.stamp_seconds(rec.updated_at) <= cutoff]
         for start in range(0, len(due), EXPIRE_BATCH):
             batch = due[start:start + EXPIRE_BATCH]
             if self._kv is not None:
@@ -784,10 +784,3 @@ class NodeAgent:
 def _remove_all(dirs: list[Path]) -> None:
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def _stamp(iso: str) -> float:
-    try:
-        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0  # an unreadable stamp is old

@@ -319,8 +319,9 @@ def forget_cmd(ctx: click.Context, node_to_forget: str | None, listen: float) ->
     Its instances that are not terminated yet are marked terminated (reason
     Server.InternalError, naming the lost host), gateways drop the node from their
     capacity view, and terminate orders are left in case the node comes back after all:
-    its agent then terminates what survived before it advertises any room. Refused while
-    the node still heartbeats (drain it instead).
+    its agent then terminates what survived before it advertises any room. The gateways
+    delete the records after their --terminated-retention-seconds. Refused while the
+    node still heartbeats (drain it instead).
     """
     node_id = node_to_forget or ctx.obj["node_id"]
 
