@@ -286,6 +286,34 @@ def test_a_pool_that_keeps_up_when_it_grows_again_is_not_flapping() -> None:
     assert back(50).flap_until == NOW + 300
 
 
+def test_a_pool_short_after_growing_past_its_last_shrink_is_not_flapping() -> None:
+    s = spec(disruption_replicas=5)
+    settings = replace(SETTINGS, flap_window=300.0)
+    est = Estimates(service=1.0, service_at=NOW)
+
+    def back(replicas: int, shrunk_from: int) -> PoolHistory:
+        hist = replace(held(50, seconds=40), shrunk_at=NOW - 200, shrunk_from=shrunk_from,
+                       estimates=est)
+        inputs = replace(pool(s, replicas=replicas),
+                         demand=Demand(500, 4 * replicas, 200.0, 1.0))
+        got = run(snap(inputs), {"p": hist}, settings=settings).pool("p")
+        assert any(isinstance(x, ScaleUp) for x in got.steps)
+        return got.history
+
+    # short at or below the size it shrank from: the shrink left it short, a flap
+    assert back(3, shrunk_from=3).flap_until == NOW + 300
+    # short only after growing past it (a ramp outran the start-up): demand rose since
+    # the shrink, which was right, and the pool is not held at its peak for 300 s
+    assert back(4, shrunk_from=3).flap_until is None
+
+
+def test_a_scale_down_records_the_size_it_shrank_from() -> None:
+    idle = run(snap(_idle(4, disruption_replicas=5)), {"p": held(0)},  # type: ignore[arg-type]
+               settings=SETTINGS).pool("p")
+    assert [x for x in idle.steps if isinstance(x, MarkDraining)]
+    assert idle.history.shrunk_at == NOW and idle.history.shrunk_from == 4
+
+
 def test_in_service_weighs_the_running_count_against_the_rate_by_their_noise() -> None:
     s = replace(S, rate_window=30.0, headroom_sigmas=2.0)
     # short tasks: the rate's figure is the steadier one

@@ -52,7 +52,8 @@ _HELP = {
                      "queue wait aimed at.",
     "startup_default": "Replica start-up time assumed until a pool has shown its own.",
     "flap_window": "A pool that grows again this soon after a scale-down, short of "
-                   "capacity, waits this long before its next one.",
+                   "capacity and no larger than it was then, waits this long before "
+                   "its next one.",
     "headroom_window": "Seconds of arrival-rate reads that size the headroom kept for "
                        "recurring bursts.",
     "headroom_sigmas": "Headroom: room for the arrival rate this many standard deviations "

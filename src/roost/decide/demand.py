@@ -71,7 +71,8 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
 - ``short``: the pool is short of capacity now: ``overdue`` above 0, or, without a rate
   or a service time, any queued task. Only a pool short when it grows again soon after
   a scale-down counts as flapping (`roost.decide.plan`): a pool that keeps up with a
-  rise by its ordinary windows was right to shrink.
+  rise by its ordinary windows was right to shrink, and so was one short only once it
+  has grown past the size it shrank from (demand rose since).
 
 The plan divides ``effective`` by the pool's target per replica, the same target the
 old rule and HPA use, so the utilisation aimed at is unchanged. Without a rate or a

@@ -68,6 +68,9 @@ class PoolHistory:
     estimates: Estimates = field(default_factory=Estimates)
     shrunk_at: float | None = None
     """When the plan last began a scale-down (drained a worker)."""
+    shrunk_from: int | None = None
+    """The pool's size when that scale-down began: a pool short of capacity once it has
+    grown past it is short because demand rose, not because it shrank."""
     flap_until: float | None = None
     """Until then the pool scales down only after `PlanSettings.flap_window`: it had to
     grow again soon after it shrank."""
@@ -198,8 +201,8 @@ def scale_down_window(replicas: int, s: PlanSettings) -> float:
 def down_window(current: int, hist: PoolHistory, now: float, s: PlanSettings) -> float:
     """The stabilization before a scale-down: `scale_down_window`, or the longer
     ``flap_window`` while the pool is flapping (it grew again within ``flap_window`` of
-    a scale-down: demand that recurs, such as bursts every few minutes, would find it
-    shrunk each time)."""
+    a scale-down, short of capacity and no larger than it was then: demand that recurs,
+    such as bursts every few minutes, would find it shrunk each time)."""
     base = scale_down_window(current, s)
     if hist.flap_until is not None and now < hist.flap_until:
         return max(base, s.flap_window)
@@ -375,9 +378,11 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
                 steps.append(ScaleUp(spec.pool_id, desired))
                 # a flap: grown again soon after a scale-down, and short of capacity
                 # (the shrink left it unable to serve). A pool keeping up with a rise by
-                # its windows, or with noise, was right to shrink.
+                # its windows, or with noise, was right to shrink; so was one short only
+                # once it has grown past the size it shrank from (demand rose since).
                 if (d.short and history.shrunk_at is not None
-                        and now - history.shrunk_at <= s.flap_window):
+                        and now - history.shrunk_at <= s.flap_window
+                        and (history.shrunk_from is None or d.current <= history.shrunk_from)):
                     history = replace(history, flap_until=now + s.flap_window)
     note = ""
     if d.p.workers is not None:
@@ -399,7 +404,8 @@ def _finish(d: _Draft, growth: Growth | None, now: float, s: PlanSettings) -> Po
         note = drain.note
         marks = tuple((now, x.worker_id) for x in drain.steps if isinstance(x, MarkDraining))
         if marks:
-            history = replace(history, drains=(*history.drains, *marks), shrunk_at=now)
+            history = replace(history, drains=(*history.drains, *marks), shrunk_at=now,
+                              shrunk_from=current)
     if note:
         reason = f"{reason}; {note}"
     return PoolPlan(
