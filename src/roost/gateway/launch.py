@@ -94,9 +94,9 @@ class LaunchPolicy:
     """...this many requests,"""
     workload_refresh: int = 500
     """...rebuilt after this many (each rebuild re-measures)."""
-    spread: int = 1
-    """Placers sharing one view of the cluster (the processes of a gateway pool): each
-    launch goes to one of the best this many nodes, at random (`best_placement`)."""
+    share: tuple[int, int] = (0, 1)
+    """Placer i of n sharing one view of the cluster (the processes of a gateway pool):
+    each looks first among its own share of the nodes (`best_placement`)."""
 
 
 class Launcher:
@@ -145,7 +145,7 @@ class Launcher:
         for _ in range(self._policy.max_attempts):
             best = best_placement(self._view.nodes(zone), itype, policy=self._policy.policy,
                                   rng=self._rng, workload=workload, skip=tried,
-                                  spread=self._policy.spread)
+                                  share=self._policy.share)
             if best is None:
                 return None
             node_id, devices = best.node.node_id, [i for i, _ in best.gpus]
