@@ -4,6 +4,7 @@ go quiet or vanish: the cases a healthy cluster rarely shows on demand."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -233,6 +234,33 @@ async def test_empty_view_falls_back_to_anycast(gateway: Gateway, bus: Client) -
     resp = await post(gateway, RUN)
     assert resp.status_code == 200 and len(served) == 1
     assert attempts(gateway) == {("anycast", "ok"): 1}
+
+
+async def test_anycast_asks_again_after_a_refusal_a_little_later_each_time(
+        gateway: Gateway, bus: Client) -> None:
+    """An anycast node's "no capacity" is asked again, but not at once: a refusal
+    repeated at once under load is a retry storm."""
+    asked: list[float] = []
+
+    async def full_five_times(msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchRequest)
+        asked.append(time.monotonic())
+        rec = ScriptedNode(bus, "x", free_cpu=0, on_launch=lambda r: None).record(req)
+        reply = (s.LaunchReply(launch_id=req.launch_id, ok=True, node_id="x", instance=rec)
+                 if len(asked) > 5 else s.LaunchReply(launch_id=req.launch_id, ok=False,
+                                                      node_id="x", error="no_capacity"))
+        await msg.respond(s.encode(reply))
+
+    await bus.subscribe(subjects.run_instances("t3.micro"), queue=subjects.NODE_QUEUE,
+                        cb=full_five_times)
+    await bus.flush()
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert attempts(gateway) == {("anycast", "no_capacity"): 5, ("anycast", "ok"): 1}
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert gaps[-1] >= 0.08  # the sixth ask waited at least half of 0.16 s
+    assert gaps[-1] > gaps[0]
+    assert asked[-1] - asked[0] < 2.0  # still well within the anycast deadline
 
 
 async def test_no_responders_is_insufficient_capacity_at_once(gateway: Gateway) -> None:
