@@ -135,6 +135,18 @@ class Launcher:
         reply = await self._nodes.lookup(launch_id)
         return reply.instance if reply is not None else None
 
+    async def _reconcile_on(self, attempts: Sequence[Attempt], launch_id: str
+                            ) -> InstanceRecord | None:
+        """The launch, if a node it was sent to and that did not answer holds it. Only
+        those nodes can: each is asked alone, not every node through the fan-out. At
+        1,000 nodes on loaded cores, a burst through 4 gateway processes that collapsed
+        to 3 launches/s had 6,869 timeouts, each of which had sent its lookup to all
+        1,000 nodes, while the nodes used 114% of a core."""
+        silent = list(dict.fromkeys(a.node_id for a in attempts
+                                    if a.outcome == "timeout" and a.node_id != ANYCAST))
+        found = await asyncio.gather(*(self._nodes.lookup_on(n, launch_id) for n in silent))
+        return next((rec for rec in found if rec is not None), None)
+
     def _settle(self, reply: LaunchReply, attempts: list[Attempt], node_id: str
                 ) -> InstanceRecord | None:
         outcome = "ok" if reply.ok and reply.instance else (reply.error or "internal")
@@ -175,7 +187,7 @@ class Launcher:
                 self._view.settle(hold, launched=True)
                 attempts.append(Attempt(node_id, "timeout"))
                 self._count("timeout", node_id)
-                if (found := await self._reconcile(req.launch_id)) is not None:
+                if (found := await self._reconcile_on(attempts, req.launch_id)) is not None:
                     return found
                 continue
             self._view.settle(hold, launched=reply.ok, launched_at=_launched_at(reply))
