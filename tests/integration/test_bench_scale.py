@@ -50,6 +50,8 @@ def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
         assert ph["false_ice"] == 0, ph  # a cluster with room never says it is full
     assert [b["gateway_processes"] for b in step["bursts"]] == [1, 2]
     assert all(b["retries_per_launch"] is not None for b in step["bursts"])
+    for b in step["bursts"]:  # what the attempts were, read from /metrics by route
+        assert b["attempts"].get("node ok", 0) + b["attempts"].get("anycast ok", 0) > 0, b
     assert step["probe_at_0"]["errors"] == step["probe_at_live"]["errors"] == 0
     assert 0 < step["probe_at_0"]["run_p50_ms"] and step["latency_ratio"] > 0
     assert step["probe_at_live"]["mirror_lag_max_ms"] < float("inf")

@@ -4,6 +4,7 @@ go quiet or vanish: the cases a healthy cluster rarely shows on demand."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -35,8 +36,10 @@ class ScriptedNode:
 
     def __init__(self, nc: Client, node_id: str, *, free_cpu: int,
                  on_launch: Callable[[s.LaunchRequest], str | None],
-                 gpu_free: tuple[int, ...] = ()) -> None:
+                 gpu_free: tuple[int, ...] = (), own_lookup: bool = True) -> None:
         self.nc, self.node_id, self.free_cpu, self.gpu_free = nc, node_id, free_cpu, gpu_free
+        self.own_lookup = own_lookup  # False: a node older than its own lookup subject
+        self.fanout_lookups = 0
         # "ok", "no_capacity", "unsupported", or None (stay silent)
         self.on_launch = on_launch
         self.launches: list[s.LaunchRequest] = []
@@ -54,6 +57,8 @@ class ScriptedNode:
     async def start(self) -> None:
         await self.nc.subscribe(subjects.node_launch(self.node_id), cb=self._launch)
         await self.nc.subscribe(subjects.LAUNCH_LOOKUP, cb=self._lookup)
+        if self.own_lookup:
+            await self.nc.subscribe(subjects.node_lookup(self.node_id), cb=self._own_lookup)
         await self.publish(1)
 
     async def publish(self, seq: int) -> None:
@@ -83,8 +88,14 @@ class ScriptedNode:
                 launch_id=req.launch_id, ok=False, node_id=self.node_id, error=outcome,
                 message=f"node {self.node_id}: no QEMU here")))
 
+    async def _own_lookup(self, msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchLookup)
+        await msg.respond(s.encode(s.LaunchesFound(node_id=self.node_id, instances=[
+            self.held[lid] for lid in req.launch_ids if lid in self.held])))
+
     async def _lookup(self, msg: Msg) -> None:
         req = s.decode(msg.data, s.LaunchLookup)
+        self.fanout_lookups += 1
         rec = self.held.get(req.launch_id)
         if rec is not None:
             await msg.respond(s.encode(s.LaunchReply(launch_id=req.launch_id, ok=True,
@@ -143,8 +154,13 @@ async def test_no_capacity_fails_over_to_the_next_node(gateway: Gateway, bus: Cl
     assert attempts(gateway) == {("node", "no_capacity"): 1, ("node", "ok"): 1}
 
 
-async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client) -> None:
-    slow = ScriptedNode(bus, "slow", free_cpu=2000, on_launch=lambda r: "silent-but-launched")
+@pytest.mark.parametrize("own_lookup", [True, False])
+async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client,
+                                                  own_lookup: bool) -> None:
+    """The node that did not answer is asked alone whether it made the launch; only a
+    node without its own lookup subject (an older one) makes it a fan-out to all."""
+    slow = ScriptedNode(bus, "slow", free_cpu=2000, on_launch=lambda r: "silent-but-launched",
+                        own_lookup=own_lookup)
     other = ScriptedNode(bus, "other", free_cpu=16000, on_launch=lambda r: "ok")
     for n in (slow, other):
         await n.start()
@@ -154,6 +170,7 @@ async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client)
     (launched,) = slow.held.values()
     assert launched.instance_id in resp.text
     assert other.launches == []  # found by lookup, never launched twice
+    assert other.fanout_lookups == (0 if own_lookup else 1)
 
 
 async def test_a_node_that_cannot_run_it_is_passed_over(gateway: Gateway,
@@ -233,6 +250,33 @@ async def test_empty_view_falls_back_to_anycast(gateway: Gateway, bus: Client) -
     resp = await post(gateway, RUN)
     assert resp.status_code == 200 and len(served) == 1
     assert attempts(gateway) == {("anycast", "ok"): 1}
+
+
+async def test_anycast_asks_again_after_a_refusal_a_little_later_each_time(
+        gateway: Gateway, bus: Client) -> None:
+    """An anycast node's "no capacity" is asked again, but not at once: a refusal
+    repeated at once under load is a retry storm."""
+    asked: list[float] = []
+
+    async def full_five_times(msg: Msg) -> None:
+        req = s.decode(msg.data, s.LaunchRequest)
+        asked.append(time.monotonic())
+        rec = ScriptedNode(bus, "x", free_cpu=0, on_launch=lambda r: None).record(req)
+        reply = (s.LaunchReply(launch_id=req.launch_id, ok=True, node_id="x", instance=rec)
+                 if len(asked) > 5 else s.LaunchReply(launch_id=req.launch_id, ok=False,
+                                                      node_id="x", error="no_capacity"))
+        await msg.respond(s.encode(reply))
+
+    await bus.subscribe(subjects.run_instances("t3.micro"), queue=subjects.NODE_QUEUE,
+                        cb=full_five_times)
+    await bus.flush()
+    resp = await post(gateway, RUN)
+    assert resp.status_code == 200, resp.text
+    assert attempts(gateway) == {("anycast", "no_capacity"): 5, ("anycast", "ok"): 1}
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert gaps[-1] >= 0.08  # the sixth ask waited at least half of 0.16 s
+    assert gaps[-1] > gaps[0]
+    assert asked[-1] - asked[0] < 2.0  # still well within the anycast deadline
 
 
 async def test_no_responders_is_insufficient_capacity_at_once(gateway: Gateway) -> None:

@@ -51,6 +51,12 @@ async def test_lookup_finds_the_node_holding_a_launch(nats_server: NatsServer,
         none = await gather_replies(nc, subjects.LAUNCH_LOOKUP,
                                     s.encode(s.LaunchLookup(launch_id="L-43")))
         assert none == []
+        # A node's own lookup subject: that node alone, and it answers either way.
+        for node, lid, held in (("n2", "L-42", 1), ("n1", "L-42", 0), ("n2", "L-43", 0)):
+            msg = await nc.request(subjects.node_lookup(node),
+                                   s.encode(s.LaunchLookup(launch_ids=[lid])), timeout=5)
+            reply = s.decode(msg.data, s.LaunchesFound)
+            assert reply.node_id == node and len(reply.instances) == held
 
 
 async def test_bad_messages_get_explicit_errors(nats_server: NatsServer, tmp_path: Path) -> None:

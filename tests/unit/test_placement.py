@@ -18,6 +18,7 @@ from roost.decide.placement import (
     RoostPolicy,
     best_placement,
     candidates,
+    in_share,
     make_policy,
     placements,
     rank,
@@ -317,16 +318,24 @@ def test_remembered_verdicts_rank_as_fresh_ones_and_follow_a_changed_node(name: 
                         total_mem=old.allocatable.mem_mib, gpus=old.free.gpu_free[1:])
 
 
-def test_a_spread_pick_is_one_of_the_best_few_and_not_always_the_same() -> None:
-    """Placers sharing a view (a gateway pool's processes) pick among the best k, so
-    that they do not all send their launches to the one best node."""
-    rng = random.Random(3)
-    views = [node(f"n{i}", cpu=2000 * (i + 1), mem=4096 * (i + 1)) for i in range(10)]
+def test_placers_sharing_a_view_pack_their_own_shares_first() -> None:
+    """Placers sharing a view (a gateway pool's processes) each take the best node of
+    their own share, so they do not all send their launches to the one best node; a
+    placer whose share has no room takes the best of all, so a cluster with room is
+    never answered as full."""
+    views = [node(f"n{i}", cpu=2000 * (i + 1), mem=4096 * (i + 1)) for i in range(12)]
     ranked = [p.node.node_id for p in placements(views, SMALL, policy="pack")]
     assert best_placement(views, SMALL, policy="pack").node.node_id == ranked[0]
-    picks = {best_placement(views, SMALL, policy="pack", rng=rng, spread=3).node.node_id
-             for _ in range(60)}
-    assert picks == set(ranked[:3])
+    picks = [best_placement(views, SMALL, policy="pack", share=(i, 3)).node.node_id
+             for i in range(3)]
+    assert len(set(picks)) == 3  # three placers, three nodes
+    for i, pick in enumerate(picks):
+        own = [n for n in ranked if in_share(n, i, 3)]
+        assert own and pick == own[0]  # the best of its own share
+    assert sorted(n for i in range(3) for n in ranked if in_share(n, i, 3)) == sorted(ranked)
+    lone = [node("only", cpu=2000, mem=4096)]
+    (outside,) = [i for i in range(2) if not in_share("only", i, 2)]
+    assert best_placement(lone, SMALL, policy="pack", share=(outside, 2)).node.node_id == "only"
 
 
 def test_the_placement_cost_bench_prints_a_row_per_size() -> None:

@@ -44,6 +44,7 @@ def test_a_node_gets_its_own_subjects_and_bucket_only() -> None:
     assert not [s for s in pub + sub if "node-2" in s or "roost_user_data" in s
                 or "roost_accounts" in s or s in (">", "$JS.API.>", "$KV.>")]
     assert {"roost.node.node-1.command", "roost.node.node-1.launch", "_INBOX.node-1.>",
+            "roost.node.node-1.lookup",
             "ec2.RunInstances.> roost-nodes"} <= set(sub)
     assert perms["allow_responses"] is True
 

@@ -267,6 +267,9 @@ class Phase:
     """Error code -> the first message seen with it."""
     wall: float = 0.0
     retries_per_launch: float | None = None
+    attempts: dict[str, int] = field(default_factory=dict)
+    """Placement attempts over the phase by route and outcome (`attempts_between`):
+    what the retries were."""
     terminations: list[tuple[int, float]] = field(default_factory=list)
     """(ids, seconds) of each departures' TerminateInstances call."""
     gateway_gc: dict[str, float] = field(default_factory=dict)
@@ -300,7 +303,7 @@ class Phase:
             "ice": self.ice, "false_ice": self.false_ice,
             "ice_beside_departures": self.ice_beside_departures, "errors": self.errors,
             "first_messages": self.first_messages,
-            "retries_per_launch": self.retries_per_launch,
+            "retries_per_launch": self.retries_per_launch, "attempts": self.attempts,
             "seconds": round(self.wall, 2),
             "gateway_gc": self.gateway_gc,
             "cpu_percent": self.cpu_percent, "cpu_ms_per_launch": self.cpu_ms_per_launch,
@@ -590,14 +593,21 @@ def _scrape(endpoint: str) -> str:
         return str(resp.read().decode())
 
 
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
 def _counters(endpoint: str) -> dict[str, float]:
-    """The gateway's counters the bench reads: placement attempts, instances launched,
-    and its garbage collector's pauses (full collections, and seconds of all)."""
+    """The gateway's counters the bench reads: placement attempts (in all, and as
+    "attempts <route> <outcome>"), instances launched, and its garbage collector's
+    pauses (full collections, and seconds of all)."""
     out = {"attempts": 0.0, "launched": 0.0, "full_collections": 0.0, "gc_seconds": 0.0}
     for line in _scrape(endpoint).splitlines():
         value = line.rsplit(" ", 1)[-1]
         if line.startswith("roost_placement_attempts_total{"):
             out["attempts"] += float(value)
+            labels = dict(LABEL.findall(line))
+            key = f"attempts {labels.get('route', '')} {labels.get('outcome', '')}"
+            out[key] = out.get(key, 0.0) + float(value)
         elif line.startswith('roost_launches_total{outcome="launched"}'):
             out["launched"] += float(value)
         elif line.startswith('roost_gateway_gc_seconds_count{generation="2"}'):
@@ -605,6 +615,13 @@ def _counters(endpoint: str) -> dict[str, float]:
         elif line.startswith("roost_gateway_gc_seconds_sum{"):
             out["gc_seconds"] += float(value)
     return out
+
+
+def attempts_between(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Placement attempts from ``before`` to ``after`` (`_counters`), by route and
+    outcome ("anycast no_capacity": 120), the ones that happened only."""
+    return {k.removeprefix("attempts "): int(after[k] - before.get(k, 0.0)) for k in
+            sorted(after) if k.startswith("attempts ") and after[k] > before.get(k, 0.0)}
 
 
 def gc_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -814,6 +831,7 @@ async def _timed(client: Client, endpoint: str, phase: Phase, sched: Schedule) -
     if c1["launched"] > c0["launched"]:
         phase.retries_per_launch = round(
             (c1["attempts"] - c0["attempts"]) / (c1["launched"] - c0["launched"]) - 1, 4)
+    phase.attempts = attempts_between(c0, c1)
     phase.gateway_gc = gc_between(c0, c1)
 
 

@@ -3,7 +3,7 @@
 `roost up` (and an operator, with `server_config`) gives each kind of component a user
 of its own, with only the subjects and KV buckets it needs:
 
-- **node** ``node-<id>``: its own ``roost.node.<id>.{launch,command,drain}`` subjects,
+- **node** ``node-<id>``: its own ``roost.node.<id>.{launch,command,drain,lookup}`` subjects,
   the fan-out subjects every node answers (``ec2.RunInstances.>`` in the node queue
   group, ``ec2.DescribeInstanceTypes``, ``roost.launch.lookup``), replies to what it
   receives, publishing its own ``roost.capacity.<id>``, and the ``roost_instances``
@@ -153,7 +153,8 @@ def node_permissions(node_id: str) -> Permissions:
         ]},
         "subscribe": {"allow": [
             subjects.node_launch(node_id), subjects.node_command(node_id),
-            subjects.node_drain(node_id), subjects.DESCRIBE_INSTANCE_TYPES,
+            subjects.node_drain(node_id), subjects.node_lookup(node_id),
+            subjects.DESCRIBE_INSTANCE_TYPES,
             subjects.LAUNCH_LOOKUP, f"{subjects.run_instances('>')} {subjects.NODE_QUEUE}",
             f"_INBOX.{user}.>",
         ]},
@@ -166,6 +167,7 @@ def gateway_permissions(user: str = "gateway") -> Permissions:
         "publish": {"allow": [
             subjects.run_instances(">"), subjects.DESCRIBE_INSTANCE_TYPES,
             subjects.LAUNCH_LOOKUP, subjects.node_launch("*"), subjects.node_command("*"),
+            subjects.node_lookup("*"),
             "$JS.API.>", "$KV.>", "$JS.FC.>",
         ]},
         "subscribe": {"allow": [subjects.CAPACITY_ALL, f"_INBOX.{user}.>",

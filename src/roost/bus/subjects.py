@@ -79,6 +79,12 @@ def node_command(node_id: str) -> str:
     return f"roost.node.{node_id}.command"
 
 
+def node_lookup(node_id: str) -> str:
+    """One node's own launch lookup: it always answers (`LaunchesFound`), so asking the
+    node a launch went to costs one message, where `LAUNCH_LOOKUP` reaches every node."""
+    return f"roost.node.{node_id}.lookup"
+
+
 def node_drain(node_id: str) -> str:
     return f"roost.node.{node_id}.drain"
 

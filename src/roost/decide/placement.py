@@ -12,9 +12,9 @@ Ties between equally good nodes break by node id, so a ranking is reproducible.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
+import zlib
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -434,24 +434,32 @@ def best_placement(
     rng: random.Random | None = None,
     workload: Workload | None = None,
     skip: Container[str] = (),
-    spread: int = 1,
+    share: tuple[int, int] = (0, 1),
 ) -> Placement | None:
     """The first of `placements` whose node is not in ``skip``, found without ordering
     them all (a launch wants one node, and a thousand sorted per launch cost more than
-    the pick). With ``spread`` k > 1, one of the best k at random: k placers working
-    from the same view (the processes of one gateway pool, which do not see each
-    other's launches in flight) then rarely send their launches to the same node, where
-    all but the first would find its last room gone and try again elsewhere."""
+    the pick). With ``share`` (i, n), n > 1, the first of them among placer i's own
+    share of the nodes (`in_share`), and only if none of those fits, among all: n
+    placers working from the same view (the processes of one gateway pool, which do
+    not see each other's launches in flight) then pack n disjoint sets of nodes, and
+    rarely send launches to one node whose last room another has just taken."""
     pol = _resolved(policy, workload, nodes)
     found = [p for p in _fitting(pol, nodes, itype) if p.node.node_id not in skip]
     if not found:
         return None
     if pol.randomized:
         return (rng or random.Random()).choice(found)
-    if spread > 1:
-        return (rng or random.Random()).choice(heapq.nsmallest(spread, found,
-                                                                key=_best_first))
+    index, count = share
+    if count > 1:
+        found = [p for p in found if in_share(p.node.node_id, index, count)] or found
     return min(found, key=_best_first)
+
+
+@lru_cache(maxsize=65_536)
+def in_share(node_id: str, index: int, count: int) -> bool:
+    """Whether ``node_id`` is in share ``index`` of ``count``, by a stable hash of the
+    id (the same in every process, unlike Python's ``hash`` of a string)."""
+    return zlib.crc32(node_id.encode()) % count == index
 
 
 def _resolved(policy: str | Policy, workload: Workload | None,

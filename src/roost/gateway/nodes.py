@@ -111,6 +111,23 @@ class NodeClient:
             return None
         return reply if reply.ok and reply.instance is not None else None
 
+    async def lookup_on(self, node_id: str, launch_id: str, *, timeout: float | None = None
+                        ) -> InstanceRecord | None:
+        """The launch ``node_id`` holds under ``launch_id``, asked of that node alone
+        (`subjects.node_lookup`), or None if it holds none or does not answer. A node
+        that does not serve its own lookup subject (one older than it) is asked through
+        the fan-out instead."""
+        try:
+            found = await self._request(subjects.node_lookup(node_id),
+                                        LaunchLookup(launch_ids=[launch_id]), LaunchesFound,
+                                        timeout)
+        except NoResponders:
+            reply = await self.lookup(launch_id, timeout=timeout)
+            return reply.instance if reply is not None else None
+        except NodeTimeout:
+            return None
+        return next((r for r in found.instances if r.launch_id == launch_id), None)
+
     async def describe_types(self, *, timeout: float, expect: int = 0) -> list[DescribeTypesReply]:
         """Every node's reply to the fan-out, gathered until ``expect`` replies or timeout."""
         return await self._gather(subjects.DESCRIBE_INSTANCE_TYPES, b"{}", DescribeTypesReply,

@@ -94,9 +94,9 @@ class GatewayConfig:
     """The gateway's NATS user (`roost.bus.auth`); None connects anonymously."""
     address_stripe: tuple[int, int] = (0, 1)
     """Worker i of a pool of n: it looks for free private addresses from i/n into each
-    subnet, gives back the addresses of its share of the instances that end, and puts
-    each launch on one of the best n nodes (the workers do not see each other's launches
-    in flight, so they would otherwise all pick the same one)."""
+    subnet, gives back the addresses of its share of the instances that end, and places
+    launches on its own share of the nodes first (the workers do not see each other's
+    launches in flight, so they would otherwise all pick the same one)."""
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -212,7 +212,7 @@ class Gateway:
         launcher = Launcher(nodes, view, self.metrics,
                             policy=LaunchPolicy(cfg.policy, max_attempts=cfg.max_attempts,
                                                 workload=cfg.workload,
-                                                spread=cfg.address_stripe[1]))
+                                                share=cfg.address_stripe))
         site = Site(cfg.region, cfg.owner_id, cfg.max_instances_per_request)
         self.service = service = Ec2Service(
             site=site, view=view, types=types,

@@ -42,6 +42,7 @@ class BusHandlers:
         await nc.subscribe(subjects.node_drain(node_id), cb=self._spawn(self.on_drain))
         await nc.subscribe(subjects.DESCRIBE_INSTANCE_TYPES, cb=self.on_describe_types)
         await nc.subscribe(subjects.LAUNCH_LOOKUP, cb=self.on_lookup)
+        await nc.subscribe(subjects.node_lookup(node_id), cb=self.on_lookup)
         return TypeSubscriptions(nc, self._spawn(self.on_launch))
 
     def _spawn(self, handler: Callable[[Msg], Coroutine[Any, Any, None]]) -> Handler:
