@@ -170,29 +170,35 @@ class VolumeStore:
     def instance_gone(self, rec: InstanceRecord) -> None:
         """An instance terminated: volumes it keeps become available on their own
         (stored, in the background; every gateway may try, the writes are conditional);
-        the others need no write, as `derived` leaves them out once it has ended."""
-        self._chore(self._settle(rec))
+        the others need no write, as `derived` leaves them out once it has ended.
 
-    async def _settle(self, rec: InstanceRecord) -> None:
+        What to write is worked out here, and a background task is made only when there
+        is a write: most instances keep no volume, and a task for each that ended had
+        been 13% of a gateway process's samples in a burst at 1,000 nodes (py-spy)."""
         live = msgspec.structs.replace(rec, state="running")
+        kept = [msgspec.structs.replace(vol, attachment=None)
+                for vol, delete in launch_volumes(live)
+                if not delete and vol.volume_id not in self._stored]
+        done = [(msgspec.structs.replace(vol, attachment=None,
+                                         deleted=att.delete_on_termination), vol)
+                for _, vol in self._stored.values()
+                if (att := vol.attachment) is not None and att.instance_id == rec.instance_id
+                and not vol.deleted]
+        if kept or done:
+            self._chore(self._settle(rec.instance_id, kept, done))
+
+    async def _settle(self, instance_id: str, kept: list[Volume],
+                      done: list[tuple[Volume, Volume]]) -> None:
         try:
-            for vol, delete in launch_volumes(live):
-                if delete or vol.volume_id in self._stored:
-                    continue  # a deleted one is not derived from a terminated record
-                kept = msgspec.structs.replace(vol, attachment=None)
+            for vol in kept:
                 try:
-                    await self.put(kept)
+                    await self.put(vol)
                 except ServiceUnavailable:
                     pass  # another gateway stored it first
-            for _, vol in list(self._stored.values()):
-                att = vol.attachment
-                if att is None or att.instance_id != rec.instance_id or vol.deleted:
-                    continue
-                done = msgspec.structs.replace(vol, attachment=None,
-                                               deleted=att.delete_on_termination)
-                await self.put(done, base=vol)
+            for vol, base in done:
+                await self.put(vol, base=base)
         except ServiceUnavailable as exc:
-            log.warning("volumes of %s not settled: %s", rec.instance_id, exc)
+            log.warning("volumes of %s not settled: %s", instance_id, exc)
 
     def _chore(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
