@@ -57,8 +57,9 @@ def test_double_allocate_and_release_are_idempotent() -> None:
     ledger = Ledger(HOST, BUILTIN)
     a = ledger.allocate("i-1", BUILTIN["m7i.large"])
     assert ledger.allocate("i-1", BUILTIN["m7i.large"]) == a
+    assert ledger.count == len(ledger.allocations) == 1
     assert ledger.release("i-1") and not ledger.release("i-1")
-    assert ledger.free == HOST.empty()
+    assert ledger.free == HOST.empty() and ledger.count == 0
 
 
 def test_the_gateways_device_choice_is_followed_when_it_still_holds() -> None:

@@ -176,7 +176,7 @@ class NodeAgent:
         await self._changed()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         log.info("node %s up: %d instances adopted, %d types fit", self.node_id,
-                 len(self.ledger.allocations), len(self._subs.types))
+                 self.ledger.count, len(self._subs.types))
 
     async def _readopt(self) -> None:
         for stored in self.state.all():
@@ -255,7 +255,7 @@ class NodeAgent:
                 log.warning("node %s: its forgotten mark could not be cleared (%r)",
                             self.node_id, exc)
             log.warning("node %s had been forgotten (roost node forget): it rejoins with "
-                        "%d instances", self.node_id, len(self.ledger.allocations))
+                        "%d instances", self.node_id, self.ledger.count)
 
     async def _watch_orders(self) -> dict[str, bytes]:
         """This node's orders read through a watch (key -> value), for a bucket that
@@ -384,7 +384,7 @@ class NodeAgent:
             free_cpu_milli=free.resources.cpu_milli, free_mem_mib=free.resources.mem_mib,
             gpu_free=list(free.gpu_free), gpu_models=list(free.gpu_models),
             fit={} if self.draining else self.ledger.fit_counts(),
-            instances=len(self.ledger.allocations),
+            instances=self.ledger.count,
             heartbeat_seconds=self.config.heartbeat_seconds, sent_at=time.time(),
             isolation=self.driver.isolation, isolation_note=self.driver.isolation_note,
             cannot_launch=self.driver.cannot_launch,

@@ -251,7 +251,7 @@ async def _run(config: NodeConfig) -> None:
     note = agent.driver.isolation_note
     click.echo(
         f"node {config.node_id} ready: {len(agent.ledger.fitting_types())} types fit, "
-        f"{len(agent.ledger.allocations)} instances held, isolation "
+        f"{agent.ledger.count} instances held, isolation "
         f"{agent.driver.isolation}{f' ({note})' if note else ''}, "
         f"metadata service {agent.imds_endpoint or 'off'}",
         err=True,

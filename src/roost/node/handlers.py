@@ -104,7 +104,7 @@ class BusHandlers:
         agent = self.agent
         await agent.drain()
         await self._reply(msg, s.DrainReply(node_id=agent.node_id, draining=True,
-                                            instances=len(agent.ledger.allocations)))
+                                            instances=agent.ledger.count))
         if req.shutdown:
             agent.track(agent.stop())
 

@@ -57,6 +57,13 @@ class Ledger:
         with self._lock:
             return dict(self._allocs)
 
+    @property
+    def count(self) -> int:
+        """How many instances hold an allocation (without copying them, as every
+        heartbeat's snapshot asks)."""
+        with self._lock:
+            return len(self._allocs)
+
     def allocate(
         self, instance_id: str, itype: InstanceType, devices: Sequence[int] = ()
     ) -> Allocation | None:
