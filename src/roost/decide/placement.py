@@ -455,11 +455,18 @@ def best_placement(
     return min(found, key=_best_first)
 
 
+def share_of(key: str, count: int) -> int:
+    """Which of ``count`` shares ``key`` falls in, by a stable hash (the same in every
+    process, unlike Python's ``hash`` of a string): how the processes of a gateway pool
+    split nodes and launches between them."""
+    return zlib.crc32(key.encode()) % count
+
+
 @lru_cache(maxsize=65_536)
 def in_share(node_id: str, index: int, count: int) -> bool:
-    """Whether ``node_id`` is in share ``index`` of ``count``, by a stable hash of the
-    id (the same in every process, unlike Python's ``hash`` of a string)."""
-    return zlib.crc32(node_id.encode()) % count == index
+    """Whether ``node_id`` is in share ``index`` of ``count`` (`share_of`), remembered:
+    placement asks it of every fitting node on every launch."""
+    return share_of(node_id, count) == index
 
 
 def _resolved(policy: str | Policy, workload: Workload | None,

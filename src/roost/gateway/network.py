@@ -21,7 +21,6 @@ import ipaddress
 import logging
 import socket
 import time
-import zlib
 from collections.abc import Callable, Container, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -33,6 +32,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from roost.bus.connect import follow_bucket
 from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord
+from roost.decide.placement import share_of
 from roost.domain.accounts import DEFAULT_ACCOUNT
 from roost.domain.errors import (
     InsufficientFreeAddressesInSubnet,
@@ -543,7 +543,7 @@ class NetworkStore:
         address, n - 1 of them refused. One that missed it (it was restarting) leaves it
         to the sweep of any process."""
         index, count = self.stripe
-        return count <= 1 or zlib.crc32(launch_id.encode()) % count == index
+        return count <= 1 or share_of(launch_id, count) == index
 
     def instance_gone(self, rec: InstanceRecord) -> None:
         """An instance terminated or expired: its address comes back (in the background;
