@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from roost.bench.scale import batches, scale, schedule
+from roost.bench.scale import batches, scale, schedule, still_falling
 from roost.bench.traces import load_azure
 from roost.bench.vm_sim import flavor_types
 from tests.traces import write_azure_v1
@@ -37,6 +37,13 @@ def test_the_schedule_keeps_the_rate_and_littles_law(data: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_a_cluster_is_at_rest_once_its_cpu_stops_falling() -> None:
+    assert still_falling(60.0, 30.0)  # agents still catching up after their start
+    assert not still_falling(30.0, 28.0)  # within a tenth and a point: at rest
+    assert not still_falling(1.5, 0.8)  # a point of a core is the readings' grain
+    assert not still_falling(20.0, 35.0)  # rising is not falling: a busier rest
+
+
 def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = CliRunner().invoke(scale, ["--quick", "--data-dir", str(data),
@@ -59,6 +66,7 @@ def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
         assert set(step[at]["cpu_ms_per_probe"]) == {"client", "gateway", "nats", "nodes"}
         assert step[at]["cpu_ms_per_probe"]["gateway"] > 0
         assert all(v >= 0 for v in step[at]["idle_cpu_percent"].values())
+        assert 2 <= len(step[at]["settle_windows_cpu_percent"]) <= 3  # at most 3 s in --quick
     for ph in (step["probe_at_0"], step["probe_at_live"], step["fill"], step["steady"]):
         assert set(ph["gateway_gc"]) == {"full_collections", "seconds"}  # read from /metrics
     for ph in (step["fill"], step["steady"], *step["bursts"]):  # each phase's CPU, by role

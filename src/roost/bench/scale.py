@@ -9,8 +9,9 @@ Per step (``--nodes 100 --nodes 300 --nodes 1000``):
    the trace's VM flavors as instance types (``azure.<letter>``), sized so that the
    cluster holds ``--live`` of the trace's mix with ``--headroom`` to spare.
 2. A `GatewayPool` of the first ``--gateway-workers`` count, SigV4 on.
-3. Probe at 0: ``--probes`` sequential RunInstances + TerminateInstances (latency with
-   nothing else running), and the gateway processes' resident memory.
+3. Probe at 0: once the cluster's CPU has stopped falling (quiet windows of 5 s, at most
+   ``--settle-seconds``), ``--probes`` sequential RunInstances + TerminateInstances
+   (latency with nothing else running), and the gateway processes' resident memory.
 4. Fill: the trace's batches (consecutive VMs of one flavor from one 300 s bin, as one
    RunInstances with MaxCount) at 32 in flight until ``--live`` instances run; each gets
    the rest of a lifetime, as at steady state.
@@ -516,15 +517,52 @@ def _role_cpu() -> dict[str, float]:
     return out
 
 
-async def probe(client: Client, n: int, itype: str, idle: float) -> dict[str, Any]:
-    """``n`` sequential RunInstances + TerminateInstances of one ``itype``, and how long
-    after each answer the instance is describable through a fresh connection. Before
-    them, each role's CPU in a quiet window (percent of a core: what the cluster spends
-    with nothing asked of it); over them, each role's CPU milliseconds per probe (which
-    includes that background). ``idle`` is the quiet window's length in seconds."""
+SETTLE_FALL = 0.1
+"""A quiet window whose cluster CPU fell by more than this share of the window before it
+(and one point of a core besides, the readings' grain) shows a cluster still calming
+down: after 1,000 agents start, or after a fill, their catch-up work takes a while."""
+
+
+def still_falling(before: float, now: float) -> bool:
+    """Whether the cluster's CPU (percent of a core) fell from one quiet window to the
+    next by more than `SETTLE_FALL` of it and a point: not yet at rest."""
+    return now < before * (1 - SETTLE_FALL) - 1.0
+
+
+def _cluster_percent(c0: dict[str, float], c1: dict[str, float], idle: float) -> float:
+    """Every role's CPU but the client's, as percent of a core, between two readings."""
+    return sum(v for k, v in cpu_between(c0, c1, idle / 100).items() if k != "client")
+
+
+async def settle(idle: float, most: float) -> tuple[dict[str, float], dict[str, float],
+                                                    list[float]]:
+    """Quiet windows of ``idle`` seconds, one after another, until the cluster's CPU stops
+    falling (`still_falling`) or ``most`` seconds have gone: the probes then measure a
+    cluster at rest, not one still catching up. Returns the last window's two readings
+    and every window's cluster CPU (percent of a core)."""
     c0 = _role_cpu()
     await asyncio.sleep(idle)
     c1 = _role_cpu()
+    windows = [_cluster_percent(c0, c1, idle)]
+    waited = idle
+    while waited < most and (len(windows) < 2 or still_falling(windows[-2], windows[-1])):
+        c0 = c1
+        await asyncio.sleep(idle)
+        c1 = _role_cpu()
+        windows.append(_cluster_percent(c0, c1, idle))
+        waited += idle
+    return c0, c1, [round(w, 1) for w in windows]
+
+
+async def probe(client: Client, n: int, itype: str, idle: float,
+                settle_most: float) -> dict[str, Any]:
+    """``n`` sequential RunInstances + TerminateInstances of one ``itype``, and how long
+    after each answer the instance is describable through a fresh connection. Before
+    them, quiet windows of ``idle`` seconds until the cluster's CPU stops falling (at
+    most ``settle_most`` seconds, `settle`); the last one gives each role's CPU at rest
+    (percent of a core: what the cluster spends with nothing asked of it). Over the
+    probes, each role's CPU milliseconds per probe (which includes that background)."""
+    c0, c1, windows = await settle(idle, settle_most)
     runs: list[float] = []
     lags: list[float] = []
     errors = 0
@@ -543,6 +581,7 @@ async def probe(client: Client, n: int, itype: str, idle: float) -> dict[str, An
     ms = 1000.0
     return {"probes": n, "errors": errors,
             "idle_cpu_percent": cpu_between(c0, c1, idle / 100), "idle_seconds": idle,
+            "settle_windows_cpu_percent": windows,
             "cpu_ms_per_probe": cpu_between(c1, c2, n / ms),
             "run_p50_ms": round(percentile(runs, 50) * ms, 2),
             "run_p99_ms": round(percentile(runs, 99) * ms, 2),
@@ -692,6 +731,9 @@ class Settings:
     retention: float
     idle_seconds: float = 5.0
     """The quiet window before each probe in which each role's background CPU is read."""
+    settle_seconds: float = 60.0
+    """The longest wait, in quiet windows, for the cluster's CPU to stop falling before
+    each probe (`settle`)."""
 
 
 def burst_schedule(source: Sequence[Batch], *, count: int, seconds: float,
@@ -766,7 +808,8 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         probe_type = types[0].name
         rss0 = rss_mib(pool.pids)
         c0 = _counters(pool.endpoint)
-        out["probe_at_0"] = await probe(client, s.probes, probe_type, s.idle_seconds)
+        out["probe_at_0"] = await probe(client, s.probes, probe_type, s.idle_seconds,
+                                          s.settle_seconds)
         c1 = _counters(pool.endpoint)
         out["probe_at_0"]["gateway_gc"] = gc_between(c0, c1)
         say(f"  probe at 0: {out['probe_at_0']}")
@@ -780,7 +823,8 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         say(f"  fill: {out['fill']}")
         out["live_after_fill"] = len(client.live)
         rss1 = rss_mib(pool.pids)
-        out["probe_at_live"] = await probe(client, s.probes, probe_type, s.idle_seconds)
+        out["probe_at_live"] = await probe(client, s.probes, probe_type, s.idle_seconds,
+                                          s.settle_seconds)
         out["probe_at_live"]["gateway_gc"] = gc_between(c2, _counters(pool.endpoint))
         say(f"  probe at {len(client.live)} live: {out['probe_at_live']}")
         out["describe_at_live"] = await describe_latency(client, max(5, s.probes // 4),
@@ -949,6 +993,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
 @click.option("--headroom", type=click.FloatRange(min=1.0), default=1.3, show_default=True,
               help="Cluster capacity over the steady state's demand.")
 @click.option("--probes", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--settle-seconds", type=click.FloatRange(min=0), default=60.0,
+              show_default=True,
+              help="Before each probe, wait up to this long, in 5 s quiet windows, for the "
+                   "cluster's CPU to stop falling.")
 @click.option("--terminated-retention", type=click.FloatRange(min=1), default=300.0,
               show_default=True, help="Seconds the nodes keep terminated instances.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -959,8 +1007,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
               default=None, help="Write scale.json, scale.md and scale.png here.")
 def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float, burst: int,
           burst_seconds: float, gateway_workers: tuple[int, ...], node_procs: int,
-          headroom: float, probes: int, terminated_retention: float, data_dir: Path | None,
-          quick: bool, out_dir: Path | None) -> None:
+          headroom: float, probes: int, settle_seconds: float, terminated_retention: float,
+          data_dir: Path | None, quick: bool, out_dir: Path | None) -> None:
     """Hundreds of sim nodes and ~100,000 live instances from the Azure VM trace: launch
     rate and latency, retries, false capacity errors, gateway memory, mirror lag and
     DescribeInstances, with 1 and 4 gateway processes, on a 3-server NATS cluster."""
@@ -977,7 +1025,8 @@ def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float,
     source = batches(trace, types)
     settings = Settings(live, rate, steady_seconds, burst, burst_seconds,
                         tuple(dict.fromkeys(gateway_workers)), node_procs, headroom, probes,
-                        terminated_retention, idle_seconds=1.0 if quick else 5.0)
+                        terminated_retention, idle_seconds=1.0 if quick else 5.0,
+                        settle_seconds=min(settle_seconds, 3.0) if quick else settle_seconds)
     report: dict[str, Any] = {
         "quick": quick, "machine": machine(), "trace": f"azure-v1 test split ({data})",
         "settings": {**settings.__dict__, "gateway_workers": list(settings.gateway_workers)},
