@@ -401,19 +401,25 @@ class NodeAgent:
         next_expiry = time.monotonic() + random.uniform(0.0, self._housekeeping_every())
         next_orders = time.monotonic() + max(ORDERS_EVERY, 10 * beat)
         last = time.monotonic()
+        after_gap = False
         while True:
             await asyncio.sleep(beat)
             now = time.monotonic()
             # Gateways count a node silent for three beats as lost and leave it orders.
             # A node that comes back without a restart (a frozen process thawed, a
             # partition healed) reads them after such a gap; every node also reads them
-            # now and then, for an order given in the moment it came back.
-            gap = now - last > 2 * beat
-            if (gap or now >= next_orders) and (self._orders_read is None
-                                                or self._orders_read.done()):
+            # now and then, for an order given in the moment it came back. A read still
+            # in flight when the gap is seen asked before it, and may miss what was
+            # ordered meanwhile: the read after the gap is then the next one, as soon
+            # as that one ends.
+            if now - last > 2 * beat:
+                after_gap, next_orders = True, now
+            if now >= next_orders and (self._orders_read is None
+                                       or self._orders_read.done()):
                 next_orders = now + max(ORDERS_EVERY, 10 * beat)
                 self._orders_read = self._track(self._read_orders(
-                    after=random.uniform(0.0, beat) if gap else 0.0))
+                    after=random.uniform(0.0, beat) if after_gap else 0.0))
+                after_gap = False
             last = now
             try:
                 # Subscriptions too, not only the snapshot: a sync that failed after a
