@@ -36,9 +36,11 @@ class ScriptedNode:
 
     def __init__(self, nc: Client, node_id: str, *, free_cpu: int,
                  on_launch: Callable[[s.LaunchRequest], str | None],
-                 gpu_free: tuple[int, ...] = (), own_lookup: bool = True) -> None:
+                 gpu_free: tuple[int, ...] = (), own_lookup: str = "answers") -> None:
         self.nc, self.node_id, self.free_cpu, self.gpu_free = nc, node_id, free_cpu, gpu_free
-        self.own_lookup = own_lookup  # False: a node older than its own lookup subject
+        # "answers"; "absent": a node older than its own lookup subject; "dropped": the
+        # server drops the gateway's lookups there (a grant older than the subject)
+        self.own_lookup = own_lookup
         self.fanout_lookups = 0
         # "ok", "no_capacity", "unsupported", or None (stay silent)
         self.on_launch = on_launch
@@ -57,7 +59,7 @@ class ScriptedNode:
     async def start(self) -> None:
         await self.nc.subscribe(subjects.node_launch(self.node_id), cb=self._launch)
         await self.nc.subscribe(subjects.LAUNCH_LOOKUP, cb=self._lookup)
-        if self.own_lookup:
+        if self.own_lookup != "absent":
             await self.nc.subscribe(subjects.node_lookup(self.node_id), cb=self._own_lookup)
         await self.publish(1)
 
@@ -89,6 +91,8 @@ class ScriptedNode:
                 message=f"node {self.node_id}: no QEMU here")))
 
     async def _own_lookup(self, msg: Msg) -> None:
+        if self.own_lookup == "dropped":
+            return
         req = s.decode(msg.data, s.LaunchLookup)
         await msg.respond(s.encode(s.LaunchesFound(node_id=self.node_id, instances=[
             self.held[lid] for lid in req.launch_ids if lid in self.held])))
@@ -154,11 +158,12 @@ async def test_no_capacity_fails_over_to_the_next_node(gateway: Gateway, bus: Cl
     assert attempts(gateway) == {("node", "no_capacity"): 1, ("node", "ok"): 1}
 
 
-@pytest.mark.parametrize("own_lookup", [True, False])
+@pytest.mark.parametrize("own_lookup", ["answers", "absent", "dropped"])
 async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client,
-                                                  own_lookup: bool) -> None:
+                                                  own_lookup: str) -> None:
     """The node that did not answer is asked alone whether it made the launch; only a
-    node without its own lookup subject (an older one) makes it a fan-out to all."""
+    node that does not answer there (an older one without the subject, or a lookup the
+    server dropped) makes it a fan-out to all."""
     slow = ScriptedNode(bus, "slow", free_cpu=2000, on_launch=lambda r: "silent-but-launched",
                         own_lookup=own_lookup)
     other = ScriptedNode(bus, "other", free_cpu=16000, on_launch=lambda r: "ok")
@@ -170,7 +175,7 @@ async def test_timeout_is_reconciled_by_launch_id(gateway: Gateway, bus: Client,
     (launched,) = slow.held.values()
     assert launched.instance_id in resp.text
     assert other.launches == []  # found by lookup, never launched twice
-    assert other.fanout_lookups == (0 if own_lookup else 1)
+    assert other.fanout_lookups == (0 if own_lookup == "answers" else 1)
 
 
 async def test_a_node_that_cannot_run_it_is_passed_over(gateway: Gateway,

@@ -114,18 +114,18 @@ class NodeClient:
     async def lookup_on(self, node_id: str, launch_id: str, *, timeout: float | None = None
                         ) -> InstanceRecord | None:
         """The launch ``node_id`` holds under ``launch_id``, asked of that node alone
-        (`subjects.node_lookup`), or None if it holds none or does not answer. A node
-        that does not serve its own lookup subject (one older than it) is asked through
-        the fan-out instead."""
+        (`subjects.node_lookup`), or None if it holds none or does not answer. When the
+        own subject gets no answer the fan-out is asked instead: a node older than the
+        subject has no responders on it, and a gateway whose NATS grant is older than
+        the subject sees its request dropped by the server and times out, though the
+        node may hold the launch. A node that is truly silent costs a second timeout."""
         try:
             found = await self._request(subjects.node_lookup(node_id),
                                         LaunchLookup(launch_ids=[launch_id]), LaunchesFound,
                                         timeout)
-        except NoResponders:
+        except (NoResponders, NodeTimeout):
             reply = await self.lookup(launch_id, timeout=timeout)
             return reply.instance if reply is not None else None
-        except NodeTimeout:
-            return None
         return next((r for r in found.instances if r.launch_id == launch_id), None)
 
     async def describe_types(self, *, timeout: float, expect: int = 0) -> list[DescribeTypesReply]:
