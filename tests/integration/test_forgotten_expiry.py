@@ -16,6 +16,7 @@ from roost.bus import subjects
 from roost.bus.connect import key_value
 from roost.embedded import NatsServer
 from roost.gateway.index import InstanceIndex
+from tests.polling import until
 
 
 def stamp(seconds_from_now: float) -> str:
@@ -28,14 +29,6 @@ def rec(iid: str, node: str, state: str, updated: float) -> s.InstanceRecord:
                             image_id="ami-0", state=state, launch_id=f"l-{iid}",
                             reservation_id="r-1", launch_time=stamp(-7200),
                             availability_zone="roost-1a", updated_at=stamp(updated))
-
-
-async def until(what: str, check: object, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():  # type: ignore[operator]
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.timeout(60)

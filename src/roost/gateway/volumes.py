@@ -139,8 +139,17 @@ class VolumeStore:
     async def put(self, vol: Volume, *, base: Volume | None = None) -> Volume:
         """Store ``vol``: as a new key when ``base`` is None, else over the stored
         revision ``base`` was read at (a lost race answers 503: the caller retries
-        against what won)."""
-        rev = self._stored[vol.volume_id][0] if vol.volume_id in self._stored else 0
+        against what won).
+
+        ``base`` is the object this mirror handed out: when the mirror holds another by
+        now (a newer revision from any gateway, or one stored since ``base`` was derived
+        from an instance's record), the change was judged on a stale read and is a lost
+        race here, before any write; the write itself is conditional on the revision
+        the mirror holds."""
+        stored = self._stored.get(vol.volume_id)
+        if base is not None and stored is not None and stored[1] is not base:
+            raise VolumeRaced(f"The volume '{vol.volume_id}' changed meanwhile; retry.")
+        rev = stored[0] if stored is not None else 0
         data = msgspec.json.encode(vol)
         try:
             if rev and base is not None:
@@ -193,10 +202,13 @@ class VolumeStore:
             for vol in kept:
                 try:
                     await self.put(vol)
-                except ServiceUnavailable:
+                except VolumeRaced:
                     pass  # another gateway stored it first
             for vol, base in done:
-                await self.put(vol, base=base)
+                try:
+                    await self.put(vol, base=base)
+                except VolumeRaced:
+                    pass  # settled by another gateway, or attached again since: it stands
         except ServiceUnavailable as exc:
             log.warning("volumes of %s not settled: %s", instance_id, exc)
 
