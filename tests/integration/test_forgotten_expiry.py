@@ -76,3 +76,36 @@ async def test_a_forgotten_nodes_terminated_records_expire_through_the_gateways(
     finally:
         await index.stop()
         await nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_record_written_again_after_the_look_is_not_expired(
+        nats_server: NatsServer) -> None:
+    """The forgotten node came back without a restart and put a newer record, which this
+    mirror has not seen yet: the expiry reads the record again before it deletes."""
+    nc = await nats.connect(nats_server.url)
+    records = await key_value(nc, subjects.INSTANCES_BUCKET)
+    orders = await key_value(nc, subjects.NODE_ORDERS_BUCKET, direct=True)
+    index = InstanceIndex(records, await key_value(nc, subjects.TAGS_BUCKET),
+                          await key_value(nc, subjects.USER_DATA_BUCKET), orders)
+    await records.put("i-due", s.encode(rec("i-due", "gone", "terminated", -100)))
+    await records.put("i-back", s.encode(rec("i-back", "gone", "terminated", -100)))
+    await orders.put(subjects.node_order("gone", subjects.FORGOTTEN), b"{}")
+    index.start()  # no expirer: the test calls the expiry itself
+    try:
+        await index.wait_synced(10)
+        await until("the mark mirrored", lambda: index.is_forgotten("gone"))
+        await until("both records mirrored", lambda: index.find("i-back") is not None
+                    and index.find("i-due") is not None)
+    finally:
+        await index.stop()  # the mirror stands still from here
+    try:
+        await records.put("i-back", s.encode(rec("i-back", "gone", "shutting-down", +3600)))
+        now = datetime.now(UTC).timestamp()
+        assert await index.expire_forgotten(now, 2.0, lambda _r: True) == 1
+        assert s.decode((await records.get("i-back")).value or b"",
+                        s.InstanceRecord).state == "shutting-down"
+        with pytest.raises(KeyNotFoundError):
+            await records.get("i-due")
+    finally:
+        await nc.close()

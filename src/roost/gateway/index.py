@@ -318,15 +318,33 @@ class InstanceIndex:
         deleted = 0
         for iid in due:
             try:
-                await self._records_kv.delete(iid)
+                deleted += await self._expire_one(iid)
             except BUS_DOWN as exc:
                 log.warning("could not expire %s of a forgotten node: %r", iid, exc)
-                continue
-            deleted += 1
         if deleted:
             log.info("expired %d records of forgotten nodes, terminated before %s s", deleted,
                      round(cutoff))
         return deleted
+
+    async def _expire_one(self, iid: str) -> int:
+        """Delete one due record if it still is: its node may have come back since the
+        look (and put a newer record, which this mirror may not have seen yet), so the
+        record is read again and deleted only at the revision that was read."""
+        rec = self._records.get(iid)
+        if rec is None or rec.node_id not in self._forgotten:
+            return 0
+        try:
+            entry = await self._records_kv.get(iid)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return 0  # another gateway process expired it
+        now = decode(entry.value or b"", InstanceRecord)
+        if now.state != "terminated" or now.node_id not in self._forgotten:
+            return 0
+        try:
+            await self._records_kv.delete(iid, last=entry.revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return 0  # written again meanwhile: its node is back
+        return 1
 
     async def _expirer(self, retention: float, mine: Callable[[InstanceRecord], bool]
                        ) -> None:
