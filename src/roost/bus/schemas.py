@@ -58,6 +58,10 @@ class LaunchRequest(Msg):
     public_ip: str = ""
     """The public IPv4 address the gateway allocated from its pool, if any (recorded,
     not routed); the node copies it."""
+    sent_ms: int = 0
+    """The gateway's wall clock, in milliseconds, when it sent this attempt: a node that
+    a lookup with ``fence_ms`` found without the launch refuses an attempt sent before
+    it (`LaunchLookup.fence_ms`). 0: unknown (a gateway older than the field)."""
     network: InstanceNetwork | None = None
     """Subnet, VPC, groups, key and root volume the gateway chose; the node copies it
     into the record and enforces none of it."""
@@ -247,6 +251,12 @@ class LaunchLookup(Msg):
 
     launch_id: str = ""
     launch_ids: list[str] = msgspec.field(default_factory=list)
+    fence_ms: int = 0
+    """The asker's wall clock, in milliseconds. A node that does not hold a launch asked
+    for makes none from an attempt sent before this (`LaunchRequest.sent_ms`), so that
+    "not found" stays true: an attempt still queued on a stalled node, answered for
+    before it ran, is refused when it runs, not made beside the instance the gateway
+    places elsewhere. 0: no fence (an asker older than the field)."""
 
 
 class LaunchesFound(Msg):

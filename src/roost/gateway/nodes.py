@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import msgspec
@@ -39,6 +40,19 @@ from roost.domain import errors
 
 log = logging.getLogger(__name__)
 
+
+
+def now_ms() -> int:
+    """Wall clock milliseconds: what an attempt's ``sent_ms`` and a lookup's ``fence_ms``
+    compare. Wall, not monotonic, because the asker may be another gateway process (one
+    taking over a dead one's launches) or host; the gap they order is a launch timeout,
+    seconds, which clock skew between a cluster's hosts stays well within."""
+    return time.time_ns() // 1_000_000
+
+
+def _sent(req: LaunchRequest) -> LaunchRequest:
+    """``req`` stamped with the moment it is sent (`LaunchLookup.fence_ms`)."""
+    return msgspec.structs.replace(req, sent_ms=now_ms())
 
 
 class NoResponders(Exception):
@@ -91,12 +105,13 @@ class NodeClient:
 
     async def launch(self, node_id: str, req: LaunchRequest, *, timeout: float | None = None
                      ) -> LaunchReply:
-        return await self._request(subjects.node_launch(node_id), req, LaunchReply, timeout)
+        return await self._request(subjects.node_launch(node_id), _sent(req), LaunchReply,
+                                   timeout)
 
     async def anycast(self, req: LaunchRequest, *, timeout: float | None = None) -> LaunchReply:
         """Let NATS pick among the nodes that fit one more (the per-type queue group)."""
         subject = subjects.run_instances(req.instance_type)
-        return await self._request(subject, req, LaunchReply, timeout)
+        return await self._request(subject, _sent(req), LaunchReply, timeout)
 
     async def command(self, node_id: str, cmd: InstanceCommand) -> CommandReply:
         return await self._request(subjects.node_command(node_id), cmd, CommandReply)
@@ -105,8 +120,8 @@ class NodeClient:
         """The launch a node holds under ``launch_id``, or None if no node has it."""
         try:
             reply = await self._request(
-                subjects.LAUNCH_LOOKUP, LaunchLookup(launch_id=launch_id), LaunchReply, timeout
-            )
+                subjects.LAUNCH_LOOKUP, LaunchLookup(launch_id=launch_id, fence_ms=now_ms()),
+                LaunchReply, timeout)
         except (NoResponders, NodeTimeout):
             return None
         return reply if reply.ok and reply.instance is not None else None
@@ -120,9 +135,9 @@ class NodeClient:
         the subject sees its request dropped by the server and times out, though the
         node may hold the launch. A node that is truly silent costs a second timeout."""
         try:
-            found = await self._request(subjects.node_lookup(node_id),
-                                        LaunchLookup(launch_ids=[launch_id]), LaunchesFound,
-                                        timeout)
+            found = await self._request(
+                subjects.node_lookup(node_id),
+                LaunchLookup(launch_ids=[launch_id], fence_ms=now_ms()), LaunchesFound, timeout)
         except (NoResponders, NodeTimeout):
             reply = await self.lookup(launch_id, timeout=timeout)
             return reply.instance if reply is not None else None
@@ -138,7 +153,8 @@ class NodeClient:
         """The instances any node holds under ``launch_ids``, and whether ``expect``
         nodes (the live ones) all answered, so that what was not found was not made."""
         replies = await self._gather(
-            subjects.LAUNCH_LOOKUP, encode(LaunchLookup(launch_ids=list(launch_ids))),
+            subjects.LAUNCH_LOOKUP,
+            encode(LaunchLookup(launch_ids=list(launch_ids), fence_ms=now_ms())),
             LaunchesFound, timeout=timeout, expect=expect)
         found = {rec.launch_id: rec for r in replies for rec in r.instances}
         return found, len({r.node_id for r in replies}) >= expect

@@ -60,6 +60,12 @@ log = logging.getLogger(__name__)
 St = InstanceState
 ORDERS_EVERY = 20.0
 """Seconds (at least ten heartbeats) between two reads of a node's orders while it runs."""
+FENCE_SECONDS = 600.0
+"""How long a lookup's fence is kept: far past any launch timeout and its retries, so
+an attempt stuck behind a stall that long is still refused."""
+FENCES_KEPT = 10_000
+"""At most this many fences at once (a few MiB), the oldest dropped first: a fan-out
+lookup fences its id on every node, and only a storm of them fills this."""
 EXPIRE_BATCH = 64
 """Expired records forgotten at once: their KV deletes together, one SQLite commit."""
 ORDERS_READ_TIMEOUT = 10.0
@@ -137,6 +143,8 @@ class NodeAgent:
         self._inflight: dict[str, asyncio.Future[s.LaunchReply]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._orders_read: asyncio.Task[None] | None = None
+        self._fences: dict[str, tuple[int, float]] = {}
+        """Launch id -> (fence_ms, when set): `lookup`'s fences, oldest first."""
         """The heartbeat's read of this node's orders, while one runs (one at a time)."""
         self._unpublished: set[str] = set()  # records whose last KV put failed
         self._nc: Client | None = None
@@ -528,6 +536,10 @@ class NodeAgent:
         if seen is not None:  # a retry of a launch this node already made
             return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
                                  instance=self._records[seen.record.instance_id])
+        if self.fenced(req):  # from here to the state's put no await: a lookup waits
+            return refuse("no_capacity", f"node {self.node_id}: launch {req.launch_id} was "
+                          "looked up here and not found after this attempt was sent; "
+                          "the asker has placed it elsewhere")
         if self.draining:
             return refuse("no_capacity", f"node {self.node_id} is draining")
         itype = self.config.catalog.get(req.instance_type)
@@ -786,13 +798,32 @@ class NodeAgent:
         ]
         return s.DescribeTypesReply(node_id=self.node_id, types=types)
 
-    def lookup(self, launch_id: str) -> s.LaunchReply | None:
-        """The launch this node made under ``launch_id``, if any."""
+    def lookup(self, launch_id: str, *, fence_ms: int = 0) -> s.LaunchReply | None:
+        """The launch this node made under ``launch_id``, if any. With ``fence_ms``, one
+        it has not made it will not make from an attempt sent before then (`fenced`):
+        an attempt queued here behind a stall, answered for before it ran, would be
+        made beside the instance the asker places elsewhere."""
         seen = self.state.by_launch(launch_id)
         if seen is None:
+            if fence_ms:
+                self._fence(launch_id, fence_ms)
             return None
         return s.LaunchReply(launch_id=launch_id, ok=True, node_id=self.node_id,
                              instance=self._records[seen.record.instance_id])
+
+    def _fence(self, launch_id: str, fence_ms: int) -> None:
+        fences = self._fences
+        fences[launch_id] = (max(fence_ms, fences.pop(launch_id, (0, 0.0))[0]),
+                             time.monotonic())
+        cutoff = time.monotonic() - FENCE_SECONDS
+        while fences and (len(fences) > FENCES_KEPT
+                          or next(iter(fences.values()))[1] < cutoff):
+            del fences[next(iter(fences))]
+
+    def fenced(self, req: s.LaunchRequest) -> bool:
+        """Whether ``req`` was sent before a lookup found its launch not made here."""
+        fence = self._fences.get(req.launch_id)
+        return fence is not None and req.sent_ms < fence[0]
 
     def track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return self._track(coro)

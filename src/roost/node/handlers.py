@@ -117,11 +117,11 @@ class BusHandlers:
         except _BAD:
             return  # a lookup is a fan-out: the node that holds the launch answers
         if req.launch_ids:
-            held = (self.agent.lookup(lid) for lid in req.launch_ids)
+            held = (self.agent.lookup(lid, fence_ms=req.fence_ms) for lid in req.launch_ids)
             await self._reply(msg, s.LaunchesFound(
                 node_id=self.agent.node_id,
                 instances=[r.instance for r in held if r is not None and r.instance]))
             return
-        found = self.agent.lookup(req.launch_id)
+        found = self.agent.lookup(req.launch_id, fence_ms=req.fence_ms)
         if found is not None:
             await self._reply(msg, found)
