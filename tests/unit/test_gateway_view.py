@@ -227,3 +227,51 @@ def test_the_view_says_full_only_on_every_live_nodes_own_word() -> None:
     view.apply(snap("n1", 3, cpu=0))
     view.apply(snap("n3", 3, cpu=8000, draining=True, fit={}))
     assert view.says_full(micro)
+
+
+def test_the_kept_listing_of_nodes_is_always_what_a_fresh_walk_finds() -> None:
+    """`CapacityView.nodes` keeps its answer between launches and mends it for the
+    nodes that changed; through snapshots (same room or not), holds, settles, nodes
+    that go silent, come back, cannot launch or are forgotten, it must always be what
+    walking every node finds (the one-zone call still walks), down to the view objects."""
+    import random
+
+    from roost.decide.placement import gpu_inventory
+
+    rng = random.Random(11)
+    now = [1000.0]
+    view = CapacityView(lambda: now[0], full_after=0)
+    seqs: dict[str, int] = {}
+    holds = []
+    small = BUILTIN["t3.micro"]
+
+    def snap(node_id: str) -> CapacitySnapshot:
+        seqs[node_id] = seqs.get(node_id, 0) + 1
+        return CapacitySnapshot(
+            node_id=node_id, boot_id="b", seq=seqs[node_id], availability_zone="roost-1a",
+            draining=rng.random() < 0.05, alloc_cpu_milli=8000, alloc_mem_mib=32768,
+            free_cpu_milli=rng.choice((2000, 4000, 8000)), free_mem_mib=16384,
+            gpu_free=[1000] if node_id.endswith("7") else [],
+            gpu_models=(["A10G"] if rng.random() < 0.5 else ["T4"]) if node_id.endswith("7")
+            else [], heartbeat_seconds=2.0, sent_at=now[0],
+            cannot_launch="no QEMU" if rng.random() < 0.03 else "")
+
+    for step in range(600):
+        node_id = f"n{rng.randrange(12)}"
+        op = rng.random()
+        if op < 0.5:
+            view.apply(snap(node_id))
+        elif op < 0.65:
+            holds.append(view.hold(node_id, small))
+        elif op < 0.8 and holds:
+            view.settle(holds.pop(rng.randrange(len(holds))), launched=rng.random() < 0.5,
+                        launched_at=now[0] + rng.choice((-1.0, 1.0)))
+        elif op < 0.85:
+            view.forget(node_id)
+        else:
+            now[0] += rng.choice((0.1, 1.0, 7.0))  # 7 s: every node goes silent
+        kept = view.nodes()
+        walked = view.nodes("roost-1a")
+        assert {v.node_id: id(v) for v in kept} == {v.node_id: id(v) for v in walked}, step
+        assert len(kept) == len(walked), step
+        assert view.gpu_inventory() == gpu_inventory(walked), step

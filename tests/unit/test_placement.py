@@ -311,6 +311,12 @@ def test_remembered_verdicts_rank_as_fresh_ones_and_follow_a_changed_node(name: 
             skip = {p.node.node_id for p in fresh[:step % 3]}  # nodes a launch tried
             assert best_placement(views, itype, policy=policy, skip=skip) == next(
                 (p for p in fresh if p.node.node_id not in skip), None)
+            index = step % 3  # one placer of three: its own share first, else all
+            untried = [p for p in fresh if p.node.node_id not in skip]
+            assert best_placement(views, itype, policy=policy, skip=skip,
+                                  share=(index, 3)) == next(
+                (p for p in untried if in_share(p.node.node_id, index, 3)),
+                untried[0] if untried else None), (step, itype.name)
         k = rng.randrange(len(views))  # one node changes, as after a launch on it
         old = views[k]
         views[k] = node(old.node_id, cpu=max(0, old.free.resources.cpu_milli - 2000),

@@ -341,7 +341,9 @@ class Remembering:
 
     def __init__(self, inner: Policy) -> None:
         self.inner = inner
-        self._memo: dict[tuple[str, str], tuple[NodeView, Placement | None]] = {}
+        self._memo: dict[str, dict[str, tuple[NodeView, Placement | None]]] = {}
+        """Type name -> node id -> (the view judged, the verdict)."""
+        self._size = 0
 
     @property
     def name(self) -> str:
@@ -356,16 +358,50 @@ class Remembering:
         return None if found is None else Choice(found.score, found.gpus)
 
     def placement(self, node: NodeView, itype: InstanceType) -> Placement | None:
-        key = (node.node_id, itype.name)
-        hit = self._memo.get(key)
+        by_node = self._memo.get(itype.name)
+        hit = None if by_node is None else by_node.get(node.node_id)
         if hit is not None and hit[0] is node:
             return hit[1]
+        return self._judge(node, itype)
+
+    def _judge(self, node: NodeView, itype: InstanceType) -> Placement | None:
         choice = self.inner.choose(node, itype)
         found = None if choice is None else Placement(node, choice.gpus, choice.score)
-        if len(self._memo) >= self.MAX_REMEMBERED:
-            self._memo.clear()
-        self._memo[key] = (node, found)
+        by_node = self._memo.get(itype.name)
+        if by_node is None or node.node_id not in by_node:
+            if self._size >= self.MAX_REMEMBERED:
+                self._memo.clear()
+                self._size = 0
+            by_node = self._memo.setdefault(itype.name, {})
+            self._size += 1
+        by_node[node.node_id] = (node, found)
         return found
+
+    def best(self, nodes: Sequence[NodeView], itype: InstanceType, skip: Container[str],
+             share: tuple[int, int]) -> Placement | None:
+        """`best_placement` in one pass over ``nodes``, the verdicts read from the memo
+        in place: placement walks every node for every launch, and at 1,000 nodes the
+        calls, lists and sort keys of the general path were most of its cost."""
+        by_node = self._memo.get(itype.name) or {}
+        index, count = share
+        best: Placement | None = None
+        own: Placement | None = None
+        best_score = own_score = -math.inf
+        for node in nodes:
+            node_id = node.node_id
+            hit = by_node.get(node_id)
+            found = hit[1] if hit is not None and hit[0] is node else self._judge(node, itype)
+            if found is None or node_id in skip:
+                continue
+            score = found.score
+            if best is None or score > best_score or (
+                    score == best_score and node_id < best.node.node_id):
+                best, best_score = found, score
+            if count > 1 and in_share(node_id, index, count) and (
+                    own is None or score > own_score or (
+                        score == own_score and node_id < own.node.node_id)):
+                own, own_score = found, score
+        return own if own is not None else best
 
 
 SCORED: dict[str, Scorer] = {"pack": pack_score, "spread": spread_score, "dotprod": dotprod_score}
@@ -444,6 +480,8 @@ def best_placement(
     not see each other's launches in flight) then pack n disjoint sets of nodes, and
     rarely send launches to one node whose last room another has just taken."""
     pol = _resolved(policy, workload, nodes)
+    if isinstance(pol, Remembering) and not pol.randomized:
+        return pol.best(nodes, itype, skip, share)
     found = [p for p in _fitting(pol, nodes, itype) if p.node.node_id not in skip]
     if not found:
         return None

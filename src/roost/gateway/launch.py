@@ -34,7 +34,7 @@ from datetime import datetime
 import msgspec
 
 from roost.bus.schemas import InstanceCommand, InstanceRecord, LaunchReply, LaunchRequest
-from roost.decide.placement import DEFAULT_POLICY, best_placement, placements
+from roost.decide.placement import DEFAULT_POLICY, best_placement, make_policy, placements
 from roost.decide.workload import Workload, WorkloadWindow
 from roost.domain.catalog import InstanceType
 from roost.domain.errors import (
@@ -166,7 +166,11 @@ class Launcher:
                         ) -> InstanceRecord | None:
         tried: set[str] = set()
         for _ in range(self._policy.max_attempts):
-            best = best_placement(self._view.nodes(zone), itype, policy=self._policy.policy,
+            # The policy made for every zone's GPUs, which the view keeps between
+            # launches; for one zone, `best_placement` makes it for that zone's nodes.
+            policy = (self._policy.policy if zone else
+                      make_policy(self._policy.policy, workload, self._view.gpu_inventory()))
+            best = best_placement(self._view.nodes(zone), itype, policy=policy,
                                   rng=self._rng, workload=workload, skip=tried,
                                   share=self._policy.share)
             if best is None:
