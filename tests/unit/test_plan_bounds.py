@@ -446,3 +446,28 @@ def test_backlog_the_pool_cannot_clear_in_time_skips_the_scale_up_window() -> No
                    demand=Demand(100, 10, 10.0, 1.0))
     q = run(snap(easy), {"p": PoolHistory(estimates=est)}, settings=s).pool("p")
     assert q.desired_replicas == 10
+
+
+def test_the_room_is_not_shrunk_by_a_fall_of_the_service_time_within_its_noise() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0, service_smoothing=0.0)
+    est = _est(30.0).observe(Demand(0, 30, 1.0, 30.0), None, NOW, s)
+    assert est.room_service == 30.0
+    # 1/s over 30 s: about 30 completions, a standard error of 30 / sqrt(30) = 5.5 s.
+    # 26.9 s is within 2 of them: the room keeps 30 s while the load reads 26.9 s
+    fell = est.observe(Demand(0, 27, 1.0, 26.9), None, NOW + 10, s)
+    assert fell.service == pytest.approx(26.9) and fell.room_service == 30.0
+    # a fall beyond the noise is shorter tasks: the room follows
+    assert fell.observe(Demand(0, 15, 1.0, 15.0), None, NOW + 20, s).room_service == 15.0
+    # with 100 completions a second the same fall is no noise
+    many = _est(30.0).observe(Demand(0, 3000, 100.0, 30.0), None, NOW, s)
+    assert many.observe(Demand(0, 2700, 100.0, 26.9), None, NOW + 10, s).room_service == 26.9
+    # a rise is followed at once
+    assert fell.observe(Demand(0, 33, 1.0, 33.0), None, NOW + 20, s).room_service == 33.0
+    # the headroom is sized on it: 3/s of bursts x 30 s, not x 26.9 s
+    hist = replace(fell, rates=_rates(*[1.0] * 9, 3.0, *[1.0] * 9, 3.0, 1.0))
+    got = size(Demand(0, 27, 1.0, 26.9), hist, replicas=10, target=3, s=s)
+    peak = hist.peak_rate(s)
+    assert peak is not None and got.recurs
+    assert got.reserve == math.ceil(peak.rate * 30.0 - 1e-9) > math.ceil(peak.rate * 26.9)
+    assert any("30s (its fall to 26.9s is within 2 standard errors)" in line
+               for line in got.explain)

@@ -65,7 +65,11 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   above ``mean + headroom_sigmas x`` the whole sd of the other reads, the highest left
   out, at least twice, falling below the mean between, or the pool is flapping), and it
   is never more than the second-highest of those bursts: one extreme burst neither
-  hides the bursts that recur nor sets the room held for them. It only stops a
+  hides the bursts that recur nor sets the room held for them. The service time it is
+  sized on (`room_service`) follows the estimate's rises at once and its falls only
+  beyond ``headroom_sigmas`` standard errors of a mean of the completions read: with
+  few completions (30 s tasks at 1/s) the estimate wanders by a tenth between bursts,
+  and the room held for the next burst must not wander down with it. It only stops a
   scale-down: it never makes a pool grow. Bursts shorter than a start-up find room
   instead of a shrunk pool; a step down is not held at its old level;
 - ``short``: the pool is short of capacity now: ``overdue`` above 0, or, without a rate
@@ -82,7 +86,8 @@ back to ``queued + running``.
 Estimates the model carries from tick to tick (`Estimates`, kept in the plan's history):
 the service time's moving average, the replica start-up time, measured from the
 orchestrator's view (a replica slot seen not ready is timed until a replica turns
-ready), and the burst rates read over the headroom window.
+ready), the burst rates read over the headroom window, and the service time the
+headroom is sized on.
 """
 
 from __future__ import annotations
@@ -142,6 +147,21 @@ def trimmed_line(xs: list[float], sigmas: float) -> float:
     return statistics.mean(rest) + sigmas * statistics.stdev(rest)
 
 
+def room_service(held: float | None, service: float, rate: float | None,
+                 s: PlanSettings) -> float:
+    """The service time the headroom is sized on: the estimate when it rises, and when
+    it falls by more than ``headroom_sigmas`` standard errors of a mean of the
+    completions it was read from (about ``rate x rate_window`` of them; run times taken
+    as spread as an exponential's, sd = mean). A fall within that is the noise of few
+    completions, not shorter tasks, and must not shrink the room held for bursts."""
+    if held is None or service >= held:
+        return service
+    n = max(1.0, (rate or 0.0) * s.rate_window)
+    if held - service > s.headroom_sigmas * held / math.sqrt(n):
+        return service
+    return held
+
+
 @dataclass(frozen=True, slots=True)
 class Peak:
     """The short-horizon peak of the arrival rate: ``min(mean + headroom_sigmas x sd,
@@ -176,6 +196,8 @@ class Estimates:
     rates: tuple[tuple[float, float], ...] = ()
     """``(time, burst rate)`` read over the last `PlanSettings.headroom_window`
     (`burst_rate`)."""
+    room_service: float | None = None
+    """The service time the headroom is sized on (`room_service`)."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -205,7 +227,10 @@ class Estimates:
         rates = tuple((t, r) for t, r in self.rates if t > now - s.headroom_window)
         if demand is not None and demand.arrival_rate is not None:
             rates += ((now, burst_rate(demand.arrival_rate, demand.arrival_peak, service, s)),)
-        return Estimates(service, service_at, startup, since, ready, rates)
+        room = self.room_service
+        if service is not None and demand is not None and demand.service_time is not None:
+            room = room_service(room, service, demand.arrival_rate, s)
+        return Estimates(service, service_at, startup, since, ready, rates, room)
 
     def peak_rate(self, s: PlanSettings) -> Peak | None:
         """The arrival rate to hold capacity for (see `Peak`); None before two reads."""
@@ -303,7 +328,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     peak = est.peak_rate(s)
     reserve = 0
     if peak is not None:
-        reserve = math.ceil(peak.rate * service - 1e-9)
+        room_s = est.room_service or service
+        reserve = math.ceil(peak.rate * room_s - 1e-9)
     lines += [
         f"arrivals {rate:.3g}/s over {s.rate_window:g}s"
         + ("" if demand.arrival_peak is None else
@@ -335,7 +361,11 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             f"min(mean + {s.headroom_sigmas:g} sd, "
             + ("highest" if peak.ceiling is None or peak.ceiling >= peak.highest else
                "second-highest burst")
-            + f") = {peak.rate:.3g}/s x service = {reserve} tasks")
+            + f") = {peak.rate:.3g}/s x service"
+            + ("" if room_s == service else
+               f" {room_s:.3g}s (its fall to {service:.3g}s is within "
+               f"{s.headroom_sigmas:g} standard errors)")
+            + f" = {reserve} tasks")
         lines.append(f"scale down no lower than the headroom: {reserve} tasks")
     return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left,
                   left > 0)
