@@ -241,7 +241,9 @@ class VolumeService:
                                             f"as {device[:80]}.")
             if self.store.has_stored(vol.volume_id):
                 att = msgspec.structs.replace(vol.attachment, delete_on_termination=delete)
-                await self.store.put(msgspec.structs.replace(vol, attachment=att), base=vol)
+                # What the store now holds is the base of a later change of this device.
+                attached[device] = await self.store.put(
+                    msgspec.structs.replace(vol, attachment=att), base=vol)
             elif device == net.root_device_name:
                 net = msgspec.structs.replace(net, root_delete_on_termination=delete)
             else:
