@@ -337,7 +337,10 @@ class InstanceIndex:
             entry = await self._records_kv.get(iid)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
             return 0  # another gateway process expired it
-        now = decode(entry.value or b"", InstanceRecord)
+        try:
+            now = decode(entry.value or b"", InstanceRecord)
+        except _DECODE_ERRORS:
+            return 0  # not a record this gateway can judge: left as the watch left it
         if now.state != "terminated" or now.node_id not in self._forgotten:
             return 0
         try:

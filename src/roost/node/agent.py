@@ -143,9 +143,9 @@ class NodeAgent:
         self._inflight: dict[str, asyncio.Future[s.LaunchReply]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._orders_read: asyncio.Task[None] | None = None
+        """The heartbeat's read of this node's orders, while one runs (one at a time)."""
         self._fences: dict[str, tuple[int, float]] = {}
         """Launch id -> (fence_ms, when set): `lookup`'s fences, oldest first."""
-        """The heartbeat's read of this node's orders, while one runs (one at a time)."""
         self._unpublished: set[str] = set()  # records whose last KV put failed
         self._nc: Client | None = None
         self._kv: KeyValue | None = None
