@@ -540,17 +540,14 @@ async def settle(idle: float, most: float) -> tuple[dict[str, float], dict[str, 
     falling (`still_falling`) or ``most`` seconds have gone: the probes then measure a
     cluster at rest, not one still catching up. Returns the last window's two readings
     and every window's cluster CPU (percent of a core)."""
-    c0 = _role_cpu()
-    await asyncio.sleep(idle)
-    c1 = _role_cpu()
-    windows = [_cluster_percent(c0, c1, idle)]
-    waited = idle
-    while waited < most and (len(windows) < 2 or still_falling(windows[-2], windows[-1])):
+    c0 = c1 = _role_cpu()
+    windows: list[float] = []
+    while not windows or (len(windows) * idle < most and (
+            len(windows) < 2 or still_falling(windows[-2], windows[-1]))):
         c0 = c1
         await asyncio.sleep(idle)
         c1 = _role_cpu()
         windows.append(_cluster_percent(c0, c1, idle))
-        waited += idle
     return c0, c1, [round(w, 1) for w in windows]
 
 
