@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from roost.bench.scale import batches, scale, schedule, still_falling
+from roost.bench.scale import at_rest, batches, scale, schedule, still_falling
 from roost.bench.traces import load_azure
 from roost.bench.vm_sim import flavor_types
 from tests.traces import write_azure_v1
@@ -42,6 +42,13 @@ def test_a_cluster_is_at_rest_once_its_cpu_stops_falling() -> None:
     assert not still_falling(30.0, 28.0)  # within a tenth and a point: at rest
     assert not still_falling(1.5, 0.8)  # a point of a core is the readings' grain
     assert not still_falling(20.0, 35.0)  # rising is not falling: a busier rest
+    # At rest takes two steps in a row that do not fall: after a fill, one step fell a
+    # hair short of falling while the catch-up still had half its way to go.
+    assert not at_rest([46.4, 41.6])
+    assert not at_rest([46.4, 41.6, 28.4])
+    assert not at_rest([41.6, 28.4, 20.2, 19.5])
+    assert at_rest([28.4, 20.2, 19.5, 19.9])
+    assert at_rest([12.8, 12.8, 13.5])
 
 
 def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
@@ -73,6 +80,13 @@ def test_quick_run_reports_every_figure(data: Path, tmp_path: Path) -> None:
         assert set(ph["cpu_percent"]) == set(ph["cpu_ms_per_launch"]) >= {"gateway", "nodes"}
         assert ph["cpu_ms_per_launch"]["gateway"] > 0 and ph["cpu_percent"]["nodes"] > 0
     assert step["gateway_rss_mib"]["after_fill"] > 0
+    turns = step["probe_in_turns"]  # with an empty twin of the cluster, started after
+    assert turns["empty_instances_before"] == 0 and turns["probes"] == 4
+    assert turns["empty"]["errors"] == turns["live"]["errors"] == 0
+    assert turns["empty"]["run_p50_ms"] > 0 and turns["live"]["run_p50_ms"] > 0
+    assert turns["ratio"] == round(turns["live"]["run_p50_ms"]
+                                   / turns["empty"]["run_p50_ms"], 2)
     assert all(d["ok"] > 0 for d in step["describe_at_live"].values())
     assert (out / "scale.png").stat().st_size > 0
     assert "| 8 | 200 | fill | 1 |" in (out / "scale.md").read_text()
+    assert "| 8 | 4 | " in (out / "scale.md").read_text()  # the probe in turns' row

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
 import json
 import math
 import os
@@ -53,7 +54,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ IDS = re.compile(r"<instanceId>(i-[0-9a-f]+)</instanceId>")
 CODE = re.compile(r"<Code>([^<]+)</Code>")
 MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
 VERSION = "Version=2016-11-15"
+KEY, SECRET = "AKIASCALEBENCH000000", "scale-bench-secret"
 MAX_BATCH = 50
 SUBNET_ROOM = 65_000  # a /16 subnet, less EC2's five reserved addresses, rounded down
 
@@ -521,12 +523,25 @@ SETTLE_FALL = 0.1
 """A quiet window whose cluster CPU fell by more than this share of the window before it
 (and one point of a core besides, the readings' grain) shows a cluster still calming
 down: after 1,000 agents start, or after a fill, their catch-up work takes a while."""
+RESTING_STEPS = 2
+"""Steps from one quiet window to the next in a row that must not fall (`still_falling`)
+before a cluster counts as at rest. One is not enough: after a fill of 100,000, one
+step fell from 46.4 % to 41.6 %, a hair short of falling, and the probes began while
+the catch-up still had 20-30 s to run (the cluster rested near 20 %)."""
 
 
 def still_falling(before: float, now: float) -> bool:
     """Whether the cluster's CPU (percent of a core) fell from one quiet window to the
     next by more than `SETTLE_FALL` of it and a point: not yet at rest."""
     return now < before * (1 - SETTLE_FALL) - 1.0
+
+
+def at_rest(windows: Sequence[float]) -> bool:
+    """Whether the last `RESTING_STEPS` steps between quiet windows' CPU readings (oldest
+    first) all held level or rose."""
+    last = windows[-RESTING_STEPS - 1:]
+    return len(last) > RESTING_STEPS and not any(
+        still_falling(a, b) for a, b in itertools.pairwise(last))
 
 
 def _cluster_percent(c0: dict[str, float], c1: dict[str, float], idle: float) -> float:
@@ -536,14 +551,13 @@ def _cluster_percent(c0: dict[str, float], c1: dict[str, float], idle: float) ->
 
 async def settle(idle: float, most: float) -> tuple[dict[str, float], dict[str, float],
                                                     list[float]]:
-    """Quiet windows of ``idle`` seconds, one after another, until the cluster's CPU stops
-    falling (`still_falling`) or ``most`` seconds have gone: the probes then measure a
-    cluster at rest, not one still catching up. Returns the last window's two readings
-    and every window's cluster CPU (percent of a core)."""
+    """Quiet windows of ``idle`` seconds, one after another, until the cluster is at rest
+    (`at_rest`: its CPU has stopped falling) or ``most`` seconds have gone: the probes
+    then measure a cluster at rest, not one still catching up. Returns the last window's
+    two readings and every window's cluster CPU (percent of a core)."""
     c0 = c1 = _role_cpu()
     windows: list[float] = []
-    while not windows or (len(windows) * idle < most and (
-            len(windows) < 2 or still_falling(windows[-2], windows[-1]))):
+    while not windows or (len(windows) * idle < most and not at_rest(windows)):
         c0 = c1
         await asyncio.sleep(idle)
         c1 = _role_cpu()
@@ -564,16 +578,12 @@ async def probe(client: Client, n: int, itype: str, idle: float,
     lags: list[float] = []
     errors = 0
     for _ in range(n):
-        started = time.perf_counter()
-        status, text = await client.call(client.run_body(itype, 1))
-        answered = time.perf_counter()
-        ids = IDS.findall(text)
-        if status != 200 or not ids:
+        got = await _probe_once(client, itype)
+        if got is None:
             errors += 1
             continue
-        runs.append(answered - started)
-        lags.append(await _describable(client, ids[0], answered))
-        await client.call(f"Action=TerminateInstances&{VERSION}&InstanceId.1={ids[0]}")
+        runs.append(got[0])
+        lags.append(got[1])
     c2 = _role_cpu()
     ms = 1000.0
     return {"probes": n, "errors": errors,
@@ -584,6 +594,48 @@ async def probe(client: Client, n: int, itype: str, idle: float,
             "run_p99_ms": round(percentile(runs, 99) * ms, 2),
             "mirror_lag_p50_ms": round(percentile(lags, 50) * ms, 2),
             "mirror_lag_max_ms": round(max(lags, default=0.0) * ms, 2)}
+
+
+async def _probe_once(client: Client, itype: str) -> tuple[float, float] | None:
+    """One RunInstances of one ``itype``, then its TerminateInstances: (seconds to the
+    answer, seconds from the answer until it is describable), or None on an error."""
+    started = time.perf_counter()
+    status, text = await client.call(client.run_body(itype, 1))
+    answered = time.perf_counter()
+    ids = IDS.findall(text)
+    if status != 200 or not ids:
+        return None
+    lag = await _describable(client, ids[0], answered)
+    await client.call(f"Action=TerminateInstances&{VERSION}&InstanceId.1={ids[0]}")
+    return answered - started, lag
+
+
+async def probe_in_turns(live: Client, empty: Client, n: int, itype: str, idle: float,
+                         settle_most: float) -> dict[str, Any]:
+    """The probe on two clusters at once, in turns: ``live``'s, full, and ``empty``'s, a
+    twin with nothing running. Whatever else the machine does then (2 shared cores
+    whose speed drifts by half between runs minutes apart) falls on both alike, which
+    the probes at 0 and at live, minutes apart, cannot promise. Which cluster goes
+    first alternates from pair to pair."""
+    _, _, windows = await settle(idle, settle_most)
+    runs: dict[str, list[float]] = {"live": [], "empty": []}
+    errors = dict.fromkeys(runs, 0)
+    for k in range(n):
+        pair = [("empty", empty), ("live", live)]
+        for name, client in pair if k % 2 == 0 else pair[::-1]:
+            got = await _probe_once(client, itype)
+            if got is None:
+                errors[name] += 1
+            else:
+                runs[name].append(got[0])
+    ms = 1000.0
+    out: dict[str, Any] = {"probes": n, "settle_windows_cpu_percent": windows}
+    for name, xs in runs.items():
+        out[name] = {"run_p50_ms": round(percentile(xs, 50) * ms, 2),
+                     "run_p99_ms": round(percentile(xs, 99) * ms, 2), "errors": errors[name]}
+    p0, p1 = out["empty"]["run_p50_ms"], out["live"]["run_p50_ms"]
+    out["ratio"] = round(p1 / p0, 2) if p0 else None
+    return out
 
 
 async def _describable(client: Client, iid: str, since: float) -> float:
@@ -731,6 +783,8 @@ class Settings:
     settle_seconds: float = 60.0
     """The longest wait, in quiet windows, for the cluster's CPU to stop falling before
     each probe (`settle`)."""
+    twin: bool = True
+    """Also probe in turns with an empty twin of the cluster (`probe_in_turns`)."""
 
 
 def burst_schedule(source: Sequence[Batch], *, count: int, seconds: float,
@@ -763,22 +817,36 @@ async def run_step(nodes: int, source: Sequence[Batch], types: Sequence[Instance
     shape = node_shape(source, types, live=s.live, nodes=nodes, headroom=s.headroom)
     say(f"step {nodes} nodes of {shape.cpu_milli // 1000} vCPU / "
         f"{shape.mem_mib // 1024} GiB, {s.live} live instances")
-    cluster = NatsCluster(3, base_dir=work / "nats").start()
     result: dict[str, Any] = {"nodes": nodes, "node_vcpu": shape.cpu_milli // 1000,
                               "node_gib": shape.mem_mib // 1024, "live_target": s.live}
+    started = time.perf_counter()
+    with cluster(nodes, shape, types, s, work / "live") as (urls, groups):
+        result["nodes_start_seconds"] = round(time.perf_counter() - started, 1)
+
+        def twin() -> contextlib.AbstractContextManager[tuple[list[str], int]]:
+            return cluster(nodes, shape, types, s, work / "empty")
+
+        result.update(await _measure(urls, nodes, groups, source, types, s, say,
+                                     twin if s.twin else None))
+    return result
+
+
+@contextlib.contextmanager
+def cluster(nodes: int, shape: Resources, types: Sequence[InstanceType], s: Settings,
+            work: Path) -> Iterator[tuple[list[str], int]]:
+    """A 3-server NATS cluster and ``nodes`` sim agents of ``shape`` over
+    ``s.node_procs`` processes, all under ``work``: yields the NATS URLs and how many
+    node processes there are; stops them all on the way out."""
+    nats_cluster = NatsCluster(3, base_dir=work / "nats").start()
     try:
         per = math.ceil(nodes / s.node_procs)
-        groups = [NodeGroup(g, cluster.urls, g * per, min(per, nodes - g * per), shape,
+        groups = [NodeGroup(g, nats_cluster.urls, g * per, min(per, nodes - g * per), shape,
                             Catalog(types), work / "nodes", s.retention)
                   for g in range(s.node_procs) if g * per < nodes]
-        started = time.perf_counter()
         with node_processes(groups, work / "nodes.log"):
-            result["nodes_start_seconds"] = round(time.perf_counter() - started, 1)
-            result.update(await _measure(cluster.urls, nodes, len(groups), source, types,
-                                         s, say))
+            yield nats_cluster.urls, len(groups)
     finally:
-        cluster.stop()
-    return result
+        nats_cluster.stop()
 
 
 async def _pool(urls: Sequence[str], workers: int, key: str, secret: str,
@@ -791,13 +859,17 @@ async def _pool(urls: Sequence[str], workers: int, key: str, secret: str,
     return pool
 
 
+Twin = Callable[[], contextlib.AbstractContextManager[tuple[list[str], int]]]
+"""Starts a cluster like the step's, empty (`cluster`), for the probe in turns."""
+
+
 async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequence[Batch],
-                   types: Sequence[InstanceType], s: Settings, say: Any) -> dict[str, Any]:
-    key, secret = "AKIASCALEBENCH000000", "scale-bench-secret"
+                   types: Sequence[InstanceType], s: Settings, say: Any,
+                   twin: Twin | None) -> dict[str, Any]:
     first, *others = s.gateway_workers
     out: dict[str, Any] = {}
-    pool = await _pool(urls, first, key, secret, types, nodes)
-    client = Client(Signer(pool.endpoint, key, secret, "roost-1"), groups=groups,
+    pool = await _pool(urls, first, KEY, SECRET, types, nodes)
+    client = Client(Signer(pool.endpoint, KEY, SECRET, "roost-1"), groups=groups,
                     nats_urls=urls)
     await client.start()
     try:
@@ -827,6 +899,10 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         out["describe_at_live"] = await describe_latency(client, max(5, s.probes // 4),
                                                          probe_type)
         say(f"  describe at {len(client.live)} live: {out['describe_at_live']}")
+        if twin is not None:
+            out["probe_in_turns"] = await _in_turns(client, twin, nodes, types, s,
+                                                    probe_type)
+            say(f"  probe in turns with an empty twin: {out['probe_in_turns']}")
         grown = max(rss1 - rss0, 0.0) / first
         out["gateway_rss_mib"] = {"before": round(rss0, 1), "after_fill": round(rss1, 1),
                                   "processes": first,
@@ -841,14 +917,14 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
             if n:
                 await pool.stop()
                 try:
-                    pool = await _pool(urls, workers, key, secret, types, nodes)
+                    pool = await _pool(urls, workers, KEY, SECRET, types, nodes)
                 except (RuntimeError, TimeoutError, OSError) as exc:
                     # Keep what was measured: a pool that cannot start is a result too.
                     out["bursts"].append({"gateway_processes": workers,
                                           "failed": f"the gateway pool did not start: {exc}"})
                     say(f"  burst with {workers} gateway processes: not run ({exc})")
                     break
-                await client.retarget(Signer(pool.endpoint, key, secret, "roost-1"))
+                await client.retarget(Signer(pool.endpoint, KEY, SECRET, "roost-1"))
             burst = burst_schedule(source, count=s.burst, seconds=s.burst_seconds,
                                    life_scale=steady.life_scale, start=len(steady.items))
             background = schedule(source, rate=s.rate, live=s.live,
@@ -862,6 +938,28 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
         await client.close()
         await pool.stop()
     return out
+
+
+async def _in_turns(live: Client, twin: Twin, nodes: int, types: Sequence[InstanceType],
+                    s: Settings, probe_type: str) -> dict[str, Any]:
+    """Start an empty twin of the step's cluster (its own NATS servers, nodes and one
+    gateway process, the same subnets), probe both in turns (`probe_in_turns`), and
+    stop the twin again before the load phases."""
+    with twin() as (urls, groups):
+        pool = await _pool(urls, 1, KEY, SECRET, types, nodes)
+        empty = Client(Signer(pool.endpoint, KEY, SECRET, "roost-1"), groups=groups,
+                       nats_urls=urls)
+        try:
+            await empty.start()
+            empty.subnets = await make_subnets(empty, len(live.subnets))
+            _, page = await empty.call(f"Action=DescribeInstances&{VERSION}&MaxResults=5")
+            out = await probe_in_turns(live, empty, s.probes, probe_type, s.idle_seconds,
+                                       s.settle_seconds)
+            out["empty_instances_before"] = len(IDS.findall(page))  # the twin's, 0
+            return out
+        finally:
+            await empty.close()
+            await pool.stop()
 
 
 async def _timed(client: Client, endpoint: str, phase: Phase, sched: Schedule) -> None:
@@ -911,6 +1009,19 @@ def format_markdown(report: dict[str, Any]) -> str:
             f" | {st['gateway_rss_mib']['per_100k_instances_per_process']} | "
             f"{d['one_id']['p50_ms']} / {d['page_1000']['p50_ms']} / "
             f"{d['filtered_page_1000']['p50_ms']} |")
+    turns = [st for st in report["steps"] if "probe_in_turns" in st]
+    if turns:
+        lines += ["", "The probe in turns with an empty twin of the cluster (its own NATS "
+                  "servers, nodes and gateway, started after the fill), so that the "
+                  "machine's drift falls on both:", "",
+                  "| nodes | probes each | p50 ms: empty / live | ratio | p99 ms: empty / live "
+                  "| errors: empty / live |", "|---|---|---|---|---|---|"]
+        for st in turns:
+            t = st["probe_in_turns"]
+            e, v = t["empty"], t["live"]
+            lines.append(f"| {st['nodes']} | {t['probes']} | {e['run_p50_ms']} / "
+                         f"{v['run_p50_ms']} | {t['ratio']} | {e['run_p99_ms']} / "
+                         f"{v['run_p99_ms']} | {e['errors']} / {v['errors']} |")
     lines += ["", "Where the probes' time went, by role: CPU in the quiet "
               f"{report['settings']['idle_seconds']:g} s before the probes (percent of a core), "
               "and CPU per probe "
@@ -958,6 +1069,12 @@ def plot(report: dict[str, Any], path: Path) -> None:
     lat.plot(xs, [st["probe_at_0"]["run_p50_ms"] for st in steps], "kx--", label="probe at 0")
     lat.plot(xs, [st["probe_at_live"]["run_p50_ms"] for st in steps], "k+:",
              label="probe at live")
+    turns = [st for st in steps if "probe_in_turns" in st]
+    if turns:
+        for side, style in (("empty", "bx--"), ("live", "b+:")):
+            lat.plot([st["nodes"] for st in turns],
+                     [st["probe_in_turns"][side]["run_p50_ms"] for st in turns], style,
+                     label=f"in turns: {side} twin" if side == "empty" else "in turns: live")
     lat.set(xlabel="sim nodes", ylabel="RunInstances ms", title="latency", yscale="log")
     rate.set(xlabel="sim nodes", ylabel="instances launched / s", title="throughput")
     for ax in (lat, rate):
@@ -994,6 +1111,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
               show_default=True,
               help="Before each probe, wait up to this long, in 5 s quiet windows, for the "
                    "cluster's CPU to stop falling.")
+@click.option("--twin/--no-twin", default=True, show_default=True,
+              help="After the probe at live, start an empty twin of the cluster and "
+                   "probe both in turns, so that the machine's drift falls on both.")
 @click.option("--terminated-retention", type=click.FloatRange(min=1), default=300.0,
               show_default=True, help="Seconds the nodes keep terminated instances.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -1004,8 +1124,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
               default=None, help="Write scale.json, scale.md and scale.png here.")
 def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float, burst: int,
           burst_seconds: float, gateway_workers: tuple[int, ...], node_procs: int,
-          headroom: float, probes: int, settle_seconds: float, terminated_retention: float,
-          data_dir: Path | None, quick: bool, out_dir: Path | None) -> None:
+          headroom: float, probes: int, settle_seconds: float, twin: bool,
+          terminated_retention: float, data_dir: Path | None, quick: bool,
+          out_dir: Path | None) -> None:
     """Hundreds of sim nodes and ~100,000 live instances from the Azure VM trace: launch
     rate and latency, retries, false capacity errors, gateway memory, mirror lag and
     DescribeInstances, with 1 and 4 gateway processes, on a 3-server NATS cluster."""
@@ -1023,7 +1144,8 @@ def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float,
     settings = Settings(live, rate, steady_seconds, burst, burst_seconds,
                         tuple(dict.fromkeys(gateway_workers)), node_procs, headroom, probes,
                         terminated_retention, idle_seconds=1.0 if quick else 5.0,
-                        settle_seconds=min(settle_seconds, 3.0) if quick else settle_seconds)
+                        settle_seconds=min(settle_seconds, 3.0) if quick else settle_seconds,
+                        twin=twin)
     report: dict[str, Any] = {
         "quick": quick, "machine": machine(), "trace": f"azure-v1 test split ({data})",
         "settings": {**settings.__dict__, "gateway_workers": list(settings.gateway_workers)},
