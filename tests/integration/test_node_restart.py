@@ -54,7 +54,9 @@ async def snapshot(nc, *, after_boot: str | None = None) -> s.CapacitySnapshot: 
     sub = await nc.subscribe(subjects.capacity("r1"))
     try:
         while True:
-            msg = await sub.next_msg(timeout=10)
+            # Generous: the agent is a new interpreter, and on 2 loaded cores its
+            # start alone has taken past 10 s.
+            msg = await sub.next_msg(timeout=30)
             snap = s.decode(msg.data, s.CapacitySnapshot)
             if after_boot is None or snap.boot_id != after_boot:
                 return snap

@@ -17,7 +17,10 @@ Per step (``--nodes 100 --nodes 300 --nodes 1000``):
    the rest of a lifetime, as at steady state.
 5. Probe at ``--live`` (the same probe, and DescribeInstances: one id, a page of 1,000,
    a filtered page), memory again, and the mirror lag: how long after RunInstances
-   answers the instance is describable through a fresh connection (any worker).
+   answers the instance is describable through a fresh connection (any worker). Then
+   (``--twin``) an empty twin of the cluster beside it, and the probe on both in turns
+   (`probe_in_turns`): the machine's drift between the probes at 0 and at live, minutes
+   apart, falls on both alike.
 6. Steady: open-loop arrivals at ``--rate`` VMs/s, in trace order and spacing, each
    leaving after its lifetime scaled so that rate x mean lifetime = ``--live``
    (Little's law); departures are TerminateInstances of up to 1,000 ids.

@@ -30,14 +30,18 @@ class TypeSubscriptions:
     def types(self) -> frozenset[str]:
         return frozenset(self._subs)
 
-    async def sync(self, wanted: Iterable[str]) -> tuple[set[str], set[str]]:
+    async def sync(self, wanted: Callable[[], Iterable[str]]) -> tuple[set[str], set[str]]:
         """Subscribe and unsubscribe only the types whose fit changed.
+
+        ``wanted`` is asked once the lock is held, so syncs that queue behind one another
+        each apply the fit as it is then: a sync worked out before an allocation can
+        never land after one worked out after it.
 
         Returns (added, removed). When it returns, the server has processed every SUB
         and UNSUB: a request published after this can't reach a type we dropped.
         """
         async with self._lock:
-            want = set(wanted)
+            want = set(wanted())
             added = want - self._subs.keys()
             removed = self._subs.keys() - want
             for t in added:
