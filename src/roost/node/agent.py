@@ -152,10 +152,6 @@ class NodeAgent:
         self._orders_kv: KeyValue | None = None
         self._ordered: set[str] = set()  # orders being carried out
         self._subs: TypeSubscriptions | None = None
-        self._resync_queued = False
-        """A `_resync` is scheduled and has yet to begin (`_changed_soon`)."""
-        self._resyncing: asyncio.Task[None] | None = None
-        """The last `_resync` scheduled."""
         self._heartbeat: asyncio.Task[None] | None = None
         self._imds: NodeMetadata | None = None
         self.metrics_server: WSGIServer | None = None
@@ -389,34 +385,6 @@ class NodeAgent:
         """The launch subscriptions the node should hold now."""
         return frozenset() if self.draining else self.ledger.fitting_types()
 
-    def _changed_soon(self) -> None:
-        """`_changed` off the caller's path, for an allocation: a launch answers without
-        waiting for the drain and flush of the subscriptions it ended (two round trips
-        to the server, on every launch that fills a node, which under bin packing is
-        most of them once a cluster is full). Nothing is lost by answering first: room
-        the node no longer has stays offered a moment longer, and a request that comes
-        for it is refused, and placed elsewhere, as it would be in the moment before.
-        Launches in a burst share one: one asked for while another has yet to begin is
-        covered by it. The instance turns running only once it has run (`_resynced`), so
-        a client that sees it running finds its room no longer on offer, as before."""
-        if self._resync_queued:
-            return
-        self._resync_queued = True
-        self._resyncing = self._track(self._resync())
-
-    async def _resynced(self) -> None:
-        """Wait for the last launch's re-sync (`_changed_soon`), if it has yet to end."""
-        task = self._resyncing
-        if task is not None and not task.done():
-            await asyncio.shield(task)
-
-    async def _resync(self) -> None:
-        self._resync_queued = False
-        try:
-            await self._changed()
-        except Exception:  # the allocation stands; the next heartbeat re-syncs it
-            log.exception("node %s: re-syncing after a launch failed", self.node_id)
-
     def snapshot(self) -> s.CapacitySnapshot:
         self._seq += 1
         free, alloc = self.ledger.free, self.config.host.allocatable
@@ -610,7 +578,7 @@ class NodeAgent:
         self._records[instance_id] = rec
         self.state.put(rec, user_data=req.user_data)
         await self._publish(instance_id)
-        self._changed_soon()
+        await self._changed()
         self._boot_soon(instance_id, req.user_data)
         return s.LaunchReply(launch_id=req.launch_id, ok=True, node_id=self.node_id,
                              instance=rec)
@@ -660,7 +628,6 @@ class NodeAgent:
                              note=f"failed to start: {exc}")
             return
         self.state.set_process(instance_id, ref)
-        await self._resynced()  # seen running, its room is no longer offered
         if St(self._records[instance_id].state) is St.PENDING:
             await self._move(instance_id, St.RUNNING)
 
