@@ -858,7 +858,11 @@ async def _pool(urls: Sequence[str], workers: int, key: str, secret: str,
                                      catalog=BUILTIN.with_types(types),
                                      max_instances_per_request=MAX_BATCH), workers)
     await pool.start()
-    await wait_nodes(pool.endpoint, nodes)
+    try:
+        await wait_nodes(pool.endpoint, nodes)
+    except BaseException:  # not every node seen: the pool is not handed out, so stop it
+        await pool.stop()
+        raise
     return pool
 
 
@@ -903,8 +907,12 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
                                                          probe_type)
         say(f"  describe at {len(client.live)} live: {out['describe_at_live']}")
         if twin is not None:
-            out["probe_in_turns"] = await _in_turns(client, twin, nodes, types, s,
-                                                    probe_type)
+            try:
+                out["probe_in_turns"] = await _in_turns(client, twin, nodes, types, s,
+                                                        probe_type)
+            except (RuntimeError, TimeoutError, OSError, click.ClickException) as exc:
+                # Keep the step going: a twin that cannot start is a result too.
+                out["probe_in_turns"] = {"failed": f"the empty twin did not start: {exc}"}
             say(f"  probe in turns with an empty twin: {out['probe_in_turns']}")
         grown = max(rss1 - rss0, 0.0) / first
         out["gateway_rss_mib"] = {"before": round(rss0, 1), "after_fill": round(rss1, 1),
@@ -921,7 +929,7 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
                 await pool.stop()
                 try:
                     pool = await _pool(urls, workers, KEY, SECRET, types, nodes)
-                except (RuntimeError, TimeoutError, OSError) as exc:
+                except (RuntimeError, TimeoutError, OSError, click.ClickException) as exc:
                     # Keep what was measured: a pool that cannot start is a result too.
                     out["bursts"].append({"gateway_processes": workers,
                                           "failed": f"the gateway pool did not start: {exc}"})
@@ -1012,7 +1020,7 @@ def format_markdown(report: dict[str, Any]) -> str:
             f" | {st['gateway_rss_mib']['per_100k_instances_per_process']} | "
             f"{d['one_id']['p50_ms']} / {d['page_1000']['p50_ms']} / "
             f"{d['filtered_page_1000']['p50_ms']} |")
-    turns = [st for st in report["steps"] if "probe_in_turns" in st]
+    turns = [st for st in report["steps"] if "ratio" in st.get("probe_in_turns", {})]
     if turns:
         lines += ["", "The probe in turns with an empty twin of the cluster (its own NATS "
                   "servers, nodes and gateway, started after the fill), so that the "
@@ -1072,7 +1080,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     lat.plot(xs, [st["probe_at_0"]["run_p50_ms"] for st in steps], "kx--", label="probe at 0")
     lat.plot(xs, [st["probe_at_live"]["run_p50_ms"] for st in steps], "k+:",
              label="probe at live")
-    turns = [st for st in steps if "probe_in_turns" in st]
+    turns = [st for st in steps if "ratio" in st.get("probe_in_turns", {})]
     if turns:
         for side, style in (("empty", "bx--"), ("live", "b+:")):
             lat.plot([st["nodes"] for st in turns],
