@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import json
@@ -593,10 +594,15 @@ async def probe(client: Client, n: int, itype: str, idle: float,
             "idle_cpu_percent": cpu_between(c0, c1, idle / 100), "idle_seconds": idle,
             "settle_windows_cpu_percent": windows,
             "cpu_ms_per_probe": cpu_between(c1, c2, n / ms),
-            "run_p50_ms": round(percentile(runs, 50) * ms, 2),
-            "run_p99_ms": round(percentile(runs, 99) * ms, 2),
+            **_run_ms(runs),
             "mirror_lag_p50_ms": round(percentile(lags, 50) * ms, 2),
             "mirror_lag_max_ms": round(max(lags, default=0.0) * ms, 2)}
+
+
+def _run_ms(runs: Sequence[float]) -> dict[str, float]:
+    """p50 and p99 of probe answer times (seconds), in ms."""
+    return {"run_p50_ms": round(percentile(runs, 50) * 1000.0, 2),
+            "run_p99_ms": round(percentile(runs, 99) * 1000.0, 2)}
 
 
 async def _probe_once(client: Client, itype: str) -> tuple[float, float] | None:
@@ -631,11 +637,9 @@ async def probe_in_turns(live: Client, empty: Client, n: int, itype: str, idle: 
                 errors[name] += 1
             else:
                 runs[name].append(got[0])
-    ms = 1000.0
     out: dict[str, Any] = {"probes": n, "settle_windows_cpu_percent": windows}
     for name, xs in runs.items():
-        out[name] = {"run_p50_ms": round(percentile(xs, 50) * ms, 2),
-                     "run_p99_ms": round(percentile(xs, 99) * ms, 2), "errors": errors[name]}
+        out[name] = {**_run_ms(xs), "errors": errors[name]}
     p0, p1 = out["empty"]["run_p50_ms"], out["live"]["run_p50_ms"]
     out["ratio"] = round(p1 / p0, 2) if p0 else None
     return out
@@ -825,10 +829,7 @@ async def run_step(nodes: int, source: Sequence[Batch], types: Sequence[Instance
     started = time.perf_counter()
     with cluster(nodes, shape, types, s, work / "live") as (urls, groups):
         result["nodes_start_seconds"] = round(time.perf_counter() - started, 1)
-
-        def twin() -> contextlib.AbstractContextManager[tuple[list[str], int]]:
-            return cluster(nodes, shape, types, s, work / "empty")
-
+        twin = functools.partial(cluster, nodes, shape, types, s, work / "empty")
         result.update(await _measure(urls, nodes, groups, source, types, s, say,
                                      twin if s.twin else None))
     return result
@@ -852,9 +853,9 @@ def cluster(nodes: int, shape: Resources, types: Sequence[InstanceType], s: Sett
         nats_cluster.stop()
 
 
-async def _pool(urls: Sequence[str], workers: int, key: str, secret: str,
-                types: Sequence[InstanceType], nodes: int) -> GatewayPool:
-    pool = GatewayPool(GatewayConfig(nats_urls=list(urls), port=0, credentials={key: secret},
+async def _pool(urls: Sequence[str], workers: int, types: Sequence[InstanceType],
+                nodes: int) -> GatewayPool:
+    pool = GatewayPool(GatewayConfig(nats_urls=list(urls), port=0, credentials={KEY: SECRET},
                                      catalog=BUILTIN.with_types(types),
                                      max_instances_per_request=MAX_BATCH), workers)
     await pool.start()
@@ -875,7 +876,7 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
                    twin: Twin | None) -> dict[str, Any]:
     first, *others = s.gateway_workers
     out: dict[str, Any] = {}
-    pool = await _pool(urls, first, KEY, SECRET, types, nodes)
+    pool = await _pool(urls, first, types, nodes)
     client = Client(Signer(pool.endpoint, KEY, SECRET, "roost-1"), groups=groups,
                     nats_urls=urls)
     await client.start()
@@ -928,7 +929,7 @@ async def _measure(urls: Sequence[str], nodes: int, groups: int, source: Sequenc
             if n:
                 await pool.stop()
                 try:
-                    pool = await _pool(urls, workers, KEY, SECRET, types, nodes)
+                    pool = await _pool(urls, workers, types, nodes)
                 except (RuntimeError, TimeoutError, OSError, click.ClickException) as exc:
                     # Keep what was measured: a pool that cannot start is a result too.
                     out["bursts"].append({"gateway_processes": workers,
@@ -957,7 +958,7 @@ async def _in_turns(live: Client, twin: Twin, nodes: int, types: Sequence[Instan
     gateway process, the same subnets), probe both in turns (`probe_in_turns`), and
     stop the twin again before the load phases."""
     with twin() as (urls, groups):
-        pool = await _pool(urls, 1, KEY, SECRET, types, nodes)
+        pool = await _pool(urls, 1, types, nodes)
         empty = Client(Signer(pool.endpoint, KEY, SECRET, "roost-1"), groups=groups,
                        nats_urls=urls)
         try:
@@ -1082,10 +1083,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
              label="probe at live")
     turns = [st for st in steps if "ratio" in st.get("probe_in_turns", {})]
     if turns:
-        for side, style in (("empty", "bx--"), ("live", "b+:")):
+        for side, style, label in (("empty", "bx--", "in turns: empty twin"),
+                                   ("live", "b+:", "in turns: live")):
             lat.plot([st["nodes"] for st in turns],
                      [st["probe_in_turns"][side]["run_p50_ms"] for st in turns], style,
-                     label=f"in turns: {side} twin" if side == "empty" else "in turns: live")
+                     label=label)
     lat.set(xlabel="sim nodes", ylabel="RunInstances ms", title="latency", yscale="log")
     rate.set(xlabel="sim nodes", ylabel="instances launched / s", title="throughput")
     for ax in (lat, rate):
