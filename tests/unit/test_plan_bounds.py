@@ -114,10 +114,44 @@ def test_the_drain_horizon_is_never_shorter_than_one_service_time() -> None:
     assert got.overdue == pytest.approx(45.0) and got.effective == math.ceil(20 + 1.8)
 
 
+def _infra(target: int, ready: int) -> Infra:
+    inst = tuple(InstanceView(f"i-{k}", k < ready) for k in range(target))
+    return Infra(target, inst, (), NOW)
+
+
+def test_an_overdue_backlog_is_sized_by_the_old_rule_until_a_start_up_is_seen() -> None:
+    demand = Demand(60, 4, 10.0)  # 1 s tasks; 1 ready replica x 5 / 1 s = 5/s < 10/s
+    unseen = _starting(1, 10.0, startup=None)  # one replica asked 10 s ago, none ready yet
+    got = size(demand, unseen, replicas=2, target=5, s=S, now=NOW)
+    assert got.overdue > 0 and got.effective == 60 + 4, got.explain
+    assert any("no start-up seen yet" in line for line in got.explain)
+    # once a replica has turned ready (or a start-up was measured), the model sizes it
+    seen = replace(unseen, turned_ready=True)
+    model = size(demand, seen, replicas=2, target=5, s=S, now=NOW)
+    assert model.overdue == got.overdue and model.effective < 60 + 4, model.explain
+    measured = size(demand, replace(unseen, startup=30.0), replicas=2, target=5, s=S,
+                    now=NOW)
+    assert measured.effective == model.effective
+    # nothing starting (the pool has not grown yet): nothing for the start-up to miscount
+    still = size(demand, _starting(2, startup=None), replicas=2, target=5, s=S, now=NOW)
+    assert still.overdue > 0 and still.effective < 60 + 4, still.explain
+
+
+def test_a_replica_turning_ready_shows_the_start_up_was_seen() -> None:
+    e = Estimates().observe(None, _infra(1, 1), NOW, S)
+    assert not e.turned_ready
+    slow = e.observe(None, _infra(3, 1), NOW + 10, S)  # two asked for, seen starting
+    assert not slow.turned_ready and slow.startup is None
+    slow = slow.observe(None, _infra(3, 3), NOW + 40, S)
+    assert slow.turned_ready and slow.startup == 30.0
+    # two asked for and both ready at the next read: too fast to time (never seen
+    # starting), but a start-up was seen
+    fast = e.observe(None, _infra(3, 3), NOW + 10, S)
+    assert fast.turned_ready and fast.startup is None
+
+
 def test_estimates_time_a_replica_from_not_ready_to_ready() -> None:
-    def infra(target: int, ready: int) -> Infra:
-        inst = tuple(InstanceView(f"i-{k}", k < ready) for k in range(target))
-        return Infra(target, inst, (), NOW)
+    infra = _infra
 
     e = Estimates().observe(None, infra(2, 2), NOW, S)
     e = e.observe(None, infra(4, 2), NOW + 10, S)  # two asked for

@@ -166,3 +166,28 @@ def test_plan_properties(workers: list[WorkerView], replicas: int, queued: int, 
         assert p.desired_replicas <= max(bounds[1], replicas)
         if p.desired_replicas < replicas:  # demand shrinks a pool only with an empty queue
             assert queued == 0 or replicas > bounds[1]
+
+
+@pytest.mark.parametrize(
+    ("demand", "starting", "drained"),
+    [
+        # 2 serving workers, 3 replicas still starting; target 3 tasks per replica
+        (3, 3, ["a"]),  # 1 wanted: one of the 2 serving drains, not both (budget 2)
+        (6, 3, []),  # 2 wanted: none drains, though 5 replicas are 3 too many
+        (6, 0, []),  # nothing starting, 2 wanted, 2 there: nothing to drain
+        (3, 0, ["a"]),  # nothing starting: the ordinary drain
+    ],
+)
+def test_no_drain_below_the_serving_workers_wanted(demand: int, starting: int,
+                                                   drained: list[str]) -> None:
+    """Replicas still starting count in the orchestrator's target but serve nothing:
+    draining for them would leave fewer serving workers than the plan wants."""
+    ws = [worker("a"), worker("b")]
+    extra = [f"i-s{i}" for i in range(starting)]
+    p = run(snap(pool(workers=ws, replicas=2 + starting, instances=["i-a", "i-b", *extra],
+                      unready=extra, running=demand)),
+            {"p": held(demand)}).pool("p")
+    assert [s.worker_id for s in p.steps if isinstance(s, MarkDraining)] == drained
+    if starting:
+        assert p.desired_replicas == demand // 3
+        assert "still starting serve" in p.reason

@@ -42,7 +42,16 @@ This model sizes to the *work*, with what the pool already has counted as capaci
   time: ``left x service / horizon`` tasks in service are then ``left`` or more, every
   queued task started at once, and a shorter horizon buys nothing but replicas;
 - ``effective = ceil(min(queued + busy, load + backlog))``: never more than the old
-  rule asked for, beyond the noise of the running count.
+  rule asked for, beyond the noise of the running count;
+- **until a start-up is seen**: while replicas are starting and none has turned ready
+  since the model first read the pool, an overdue backlog (``left`` above 0) is sized
+  as the old rule sized it, ``queued + running``. ``serving`` and ``left`` rest on the
+  start-up, and until one is seen it is the 30 s default (or the age of the oldest
+  replica still starting): a longer real start-up makes the model count starting
+  replicas as nearly ready while the queue grows behind the ready ones (the first ramp
+  of a sawtooth from one replica, 90 s start-ups). Only while replicas are starting: a
+  pool that has not grown yet has nothing the start-up would miscount. Once a replica
+  turns ready (a start-up shorter than the tick included), the model sizes as above.
 
 Two more figures go to the plan's windows (`roost.decide.plan`):
 
@@ -198,6 +207,9 @@ class Estimates:
     (`burst_rate`)."""
     room_service: float | None = None
     """The service time the headroom is sized on (`room_service`)."""
+    turned_ready: bool = False
+    """A replica turned ready since the pool was first read: the start-up has been
+    seen (measured, or shorter than one read apart)."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -211,11 +223,13 @@ class Estimates:
                 service = service + a * (demand.service_time - service)
             service_at = now
         startup, since, ready = self.startup, self.starting_since, self.ready
+        turned = self.turned_ready
         if infra is not None:
             now_ready = sum(1 for i in infra.instances if i.ready)
             starting = max(0, infra.target_replicas - now_ready)
             slots = list(since)
             if ready is not None and now_ready > ready:
+                turned = True
                 for t in slots[:now_ready - ready]:  # the oldest slots turned ready
                     sample = now - t
                     startup = sample if startup is None else (
@@ -230,7 +244,7 @@ class Estimates:
         room = self.room_service
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
-        return Estimates(service, service_at, startup, since, ready, rates, room)
+        return Estimates(service, service_at, startup, since, ready, rates, room, turned)
 
     def peak_rate(self, s: PlanSettings) -> Peak | None:
         """The arrival rate to hold capacity for (see `Peak`); None before two reads."""
@@ -325,6 +339,10 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     horizon = max(s.drain_horizon, service)
     backlog = left * service / horizon
     effective = math.ceil(min(q + busy, load + backlog) - 1e-9)
+    unseen = (left > 0 and bool(est.starting_since) and est.startup is None
+              and not est.turned_ready)
+    if unseen:
+        effective = max(effective, outstanding)
     peak = est.peak_rate(s)
     reserve = 0
     if peak is not None:
@@ -347,7 +365,10 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"backlog left after start-up = max(0, queued - spare x start-up) = {left:.3g}",
         f"backlog term = left x service / horizon max({s.drain_horizon:g}s, service) = "
         f"{backlog:.3g} tasks",
-        f"size for ceil(min(queued + in service, load + backlog)) = {effective} tasks",
+        f"size for ceil(min(queued + in service, load + backlog)) = {effective} tasks"
+        if not unseen else
+        f"no start-up seen yet ({len(est.starting_since)} replicas starting, none turned "
+        f"ready): the overdue backlog is sized as queued + running = {effective} tasks",
     ]
     if peak is not None:
         lines.append(

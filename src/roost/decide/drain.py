@@ -155,7 +155,16 @@ def decide_drain(
         more = f" (+{len(busy) - 1} more)" if len(busy) > 1 else ""
         notes.append(f"draining {w.worker_id}: {w.running_tasks} running, "
                      f"{w.active_leases} leases{more}")
+    # Never drain below `desired` serving workers: replicas still starting (no worker
+    # yet) count in `current` but serve nothing, so draining for them would leave the
+    # pool fewer serving workers than it wants until they turn ready. They are drained
+    # once they serve, if still in excess.
+    serving = len(_least_busy(workers, infra, now, settings, len(workers)))
     wanted = excess - len(left)
+    if wanted > 0 and wanted > serving - desired:
+        notes.append(f"{wanted - max(0, serving - desired)} to drain once the replicas "
+                     f"still starting serve ({serving} serving, {desired} wanted)")
+        wanted = serving - desired
     if wanted > 0:
         if budget <= 0:
             notes.append(f"disruption budget spent: {wanted} more to drain later")
