@@ -190,4 +190,14 @@ def test_no_drain_below_the_serving_workers_wanted(demand: int, starting: int,
     assert [s.worker_id for s in p.steps if isinstance(s, MarkDraining)] == drained
     if starting:
         assert p.desired_replicas == demand // 3
-        assert "still starting serve" in p.reason
+        assert "to drain once more workers serve" in p.reason
+
+
+def test_a_silent_worker_is_not_counted_as_serving() -> None:
+    """3 replicas, 2 wanted, one worker silent past the heartbeat timeout: draining a
+    healthy one would leave 1 serving where 2 are wanted."""
+    ws = [worker("a"), worker("b"), worker("c", hb=NOW - 31)]
+    p = run(snap(_idle_pool(ws, running=6)), {"p": held(6)}).pool("p")  # type: ignore[arg-type]
+    assert p.desired_replicas == 2
+    assert not [s for s in p.steps if isinstance(s, MarkDraining)], p.reason
+    assert "2 serving, 2 wanted" in p.reason

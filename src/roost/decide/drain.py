@@ -155,15 +155,16 @@ def decide_drain(
         more = f" (+{len(busy) - 1} more)" if len(busy) > 1 else ""
         notes.append(f"draining {w.worker_id}: {w.running_tasks} running, "
                      f"{w.active_leases} leases{more}")
-    # Never drain below `desired` serving workers: replicas still starting (no worker
-    # yet) count in `current` but serve nothing, so draining for them would leave the
-    # pool fewer serving workers than it wants until they turn ready. They are drained
-    # once they serve, if still in excess.
+    # Never drain below `desired` serving workers (active, fresh, on a ready instance:
+    # the ones `_least_busy` may pick). Replicas still starting count in `current` but
+    # serve nothing, and neither does a silent worker: draining for them would leave
+    # the pool fewer serving workers than it wants. A starting replica is drained once
+    # it serves, if still in excess.
     serving = len(_least_busy(workers, infra, now, settings, len(workers)))
     wanted = excess - len(left)
     if wanted > 0 and wanted > serving - desired:
-        notes.append(f"{wanted - max(0, serving - desired)} to drain once the replicas "
-                     f"still starting serve ({serving} serving, {desired} wanted)")
+        notes.append(f"{wanted - max(0, serving - desired)} to drain once more workers "
+                     f"serve ({serving} serving, {desired} wanted)")
         wanted = serving - desired
     if wanted > 0:
         if budget <= 0:
