@@ -8,6 +8,7 @@ The ``--quick`` run replays a per-minute curve generated in the WorldCup98 forma
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,25 @@ def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
         "--peaks", "10", "--seed", "7", "--out", str(again), "--baselines", str(base)])
     assert other.exit_code == 1 and "seed 42, not 7" in other.output
+
+
+def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> None:
+    """``--trace``: one point under roost alone, a line per tick within the window with
+    the decision and its reason, the demand model's steps under it, then the figures."""
+    result = CliRunner().invoke(autoscale, [
+        "--data-dir", str(tmp_path / "none"), "--trace", "step-up-10x:10:10:0.2",
+        "--trace-between", "100:150"])
+    assert result.exit_code == 0, result.output
+    ticks = [line for line in result.output.splitlines() if line.startswith("t=")]
+    assert [int(re.match(r"t=\s*(\d+)s", line)[1]) for line in ticks] == [  # type: ignore[index]
+        100, 110, 120, 130, 140, 150]
+    assert all("replicas 1 -> 1:" in line for line in ticks), ticks
+    assert "load = max(arrivals x service, in service)" in result.output
+    assert "step-up-10x peak 10/s, start-up 10s, service 0.2s, seed 42: SLO minutes " \
+        in result.output and "killed 0" in result.output
+    for args, code, text in (
+            (["--trace", "step-up-10x:10:10"], 2, "curve:peak:startup:service"),
+            (["--trace", "step-up-10x:10:10:0.2", "--trace-between", "9:1"], 2, "after TO"),
+            (["--trace", "nope:10:10:0.2"], 1, "no such curve: nope")):
+        bad = CliRunner().invoke(autoscale, ["--data-dir", str(tmp_path / "none"), *args])
+        assert bad.exit_code == code and text in bad.output, bad.output

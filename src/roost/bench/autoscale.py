@@ -59,7 +59,7 @@ from rich.table import Table
 from roost.bench.report import fmt, machine, markdown_table, write_json
 from roost.bench.traces import default_data_dir
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
-from roost.decide.plan import PoolHistory, plan
+from roost.decide.plan import Plan, PoolHistory, plan
 from roost.decide.snapshot import (
     DbHealth,
     Demand,
@@ -348,8 +348,12 @@ class RoostPolicy:
 
     name = "roost"
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig,
+                 on_plan: Callable[[float, Snapshot, Plan], None] | None = None) -> None:
         self.cfg = cfg
+        self.on_plan = on_plan
+        """Called with (seconds since the start, the snapshot, the plan) at every tick:
+        `roost bench autoscale --suite --trace` prints from it."""
         self.interval = cfg.interval
         self.history: dict[str, PoolHistory] = {}
         self.spec = PoolSpec(POOL, min_replicas=cfg.min_replicas,
@@ -384,7 +388,10 @@ class RoostPolicy:
 
     def tick(self, pool: Pool) -> None:
         now = EPOCH + pool.now
-        p = plan(self.snapshot(pool, now), self.history, now=now, settings=self.settings)
+        snap = self.snapshot(pool, now)
+        p = plan(snap, self.history, now=now, settings=self.settings)
+        if self.on_plan is not None:
+            self.on_plan(pool.now, snap, p)
         self.history = p.history
         for step in p.steps:
             match step:
@@ -626,6 +633,18 @@ def _floats(text: str) -> set[float]:
                                  param_hint="--peaks") from None
 
 
+def _between(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"not FROM:TO in seconds: {text!r}",
+                                 param_hint="--trace-between") from None
+    if lo > hi:
+        raise click.BadParameter(f"FROM {lo:g} is after TO {hi:g}",
+                                 param_hint="--trace-between")
+    return lo, hi
+
+
 @click.command("autoscale")
 @click.option("--demand", "demand_path", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="A per-minute demand CSV (last column: count). "
@@ -684,14 +703,27 @@ def _floats(text: str) -> set[float]:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
               default=Path("bench-results/autoscale-suite"), show_default=True,
               help="With --suite: where the results go.")
+@click.option("--trace", "trace", default=None, metavar="CURVE:PEAK:STARTUP:SERVICE",
+              help="Replay one point of the suite (e.g. sawtooth:100:90:0.2) under roost "
+              "alone and print the plan at every tick: demand, the decision, its reason "
+              "and the demand model's steps. Writes no file.")
+@click.option("--trace-between", default=None, metavar="FROM:TO",
+              help="With --trace: only the ticks between these seconds (e.g. 0:300).")
 def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[str, ...],
               peak: float, minutes: int, start: int | None, service_mean: float,
               service_sigma: float, slots: int, target_per_replica: int, startup: float,
               interval: float, up_window: float, down_window: float,
               small_pool_replicas: int, slo_seconds: float, seed: int,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
-              peaks: str | None, baselines: Path | None, out_dir: Path) -> None:
+              peaks: str | None, baselines: Path | None, out_dir: Path, trace: str | None,
+              trace_between: str | None) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
+    if trace is not None:
+        from roost.bench.suite_cli import trace_point
+
+        trace_point(data_dir or default_data_dir(), seed=seed, point=trace,
+                    between=None if trace_between is None else _between(trace_between))
+        return
     if suite:
         from roost.bench.suite_cli import run_suite
 

@@ -11,11 +11,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from roost.bench.autoscale import SimConfig
+from roost.bench.autoscale import RoostPolicy, SimConfig, measure, simulate
 from roost.bench.report import machine, write_json
 from roost.bench.suite import (
     HEADER,
     SLO_SECONDS,
+    Point,
     curves,
     markdown,
     plot_curve,
@@ -24,7 +25,8 @@ from roost.bench.suite import (
     summary,
     table_rows,
 )
-from roost.decide.snapshot import PlanSettings, PoolSpec
+from roost.decide.plan import Plan
+from roost.decide.snapshot import PlanSettings, PoolSpec, Snapshot
 
 MAX_REPLICAS = 5000
 """Room for the largest point (peak 100/s x 30 s service = 3000 tasks in service)."""
@@ -104,3 +106,55 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               f"{s['geomean_roost_over_hpa']:.3f} (tuning {s['geomean_tuning']:.3f}, held out "
               f"{s['geomean_held_out']:.3f}); results in {out_dir}")
     return doc
+
+
+def parse_point(text: str) -> tuple[str, Point]:
+    """``curve:peak:startup:service``, e.g. ``sawtooth:100:90:0.2``."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 4:
+            raise ValueError
+        peak, startup, service = (float(x) for x in parts[1:])
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not curve:peak:startup:service "
+                                 "(e.g. sawtooth:100:90:0.2)", param_hint="--trace") from None
+    return parts[0], Point(peak, startup, service)
+
+
+def trace_point(data_dir: Path, *, seed: int, point: str,
+                between: tuple[float, float] | None = None) -> dict[str, Any]:
+    """Replay one point of the suite under roost alone and print the plan at every tick
+    (what `/status` shows a live controller's operator: demand, the decision and its
+    reason, the demand model's steps), from ``between[0]`` to ``between[1]`` seconds."""
+    name, pt = parse_point(point)
+    todo, missing = curves(data_dir, full=True)
+    found = [c for c in todo if c.name == name]
+    if not found:
+        hint = f" ({'; '.join(missing)})" if missing else ""
+        raise click.ClickException(
+            f"no such curve: {name} (one of {', '.join(c.name for c in todo)}){hint}")
+    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
+    work = found[0].make(pt, seed)
+    cfg = replace(base, startup=pt.startup)
+    lo, hi = between if between is not None else (0.0, float("inf"))
+
+    def show(t: float, snap: Snapshot, p: Plan) -> None:
+        if not lo <= t <= hi:
+            return
+        pool, d = p.pools[0], snap.pools[0].demand
+        demand = "demand not read" if d is None else (
+            f"queued {d.queued} running {d.running} rate "
+            f"{d.arrival_rate if d.arrival_rate is not None else float('nan'):.3g}/s")
+        # plain echo, not rich: reasons are text, never markup, and lines stay whole
+        click.echo(f"t={t:7.0f}s {demand} replicas {pool.current_replicas} -> "
+                   f"{pool.desired_replicas}: {pool.reason}")
+        for line in pool.sizing:
+            click.echo(f"           {line}")
+
+    pool = simulate(work, RoostPolicy(cfg, on_plan=show), cfg)
+    r = measure(work, pool, "roost", SLO_SECONDS)
+    click.echo(f"{name} {pt.label}, seed {seed}: SLO minutes "
+               f"{r['slo_minutes_share'] * 100:.1f} %, replica-seconds "
+               f"{r['replica_seconds']:.0f}, peak replicas {r['peak_replicas']}, "
+               f"killed {r['tasks_killed']}")
+    return r

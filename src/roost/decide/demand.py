@@ -367,8 +367,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"{backlog:.3g} tasks",
         f"size for ceil(min(queued + in service, load + backlog)) = {effective} tasks"
         if not unseen else
-        f"no start-up seen yet ({len(est.starting_since)} replicas starting, none turned "
-        f"ready): the overdue backlog is sized as queued + running = {effective} tasks",
+        f"no start-up seen yet ({len(est.starting_since)} starting, none turned ready): "
+        f"the overdue backlog is sized as queued + running = {effective} tasks",
     ]
     if peak is not None:
         lines.append(
