@@ -160,6 +160,9 @@ def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> Non
         in result.output and "killed 0" in result.output
     for args, code, text in (
             (["--trace", "step-up-10x:10:10"], 2, "curve:peak:startup:service"),
+            (["--trace", "step-up-10x:0:10:0.2"], 2, "must be above 0"),
+            (["--trace", "step-up-10x:10:10:nan"], 2, "must be above 0"),
+            (["--trace", "step-up-10x:inf:10:0.2"], 2, "all finite"),
             (["--trace", "step-up-10x:10:10:0.2", "--trace-between", "9:1"], 2, "after TO"),
             (["--trace", "nope:10:10:0.2"], 1, "no such curve: nope")):
         bad = CliRunner().invoke(autoscale, ["--data-dir", str(tmp_path / "none"), *args])

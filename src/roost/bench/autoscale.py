@@ -353,7 +353,7 @@ class RoostPolicy:
         self.cfg = cfg
         self.on_plan = on_plan
         """Called with (seconds since the start, the snapshot, the plan) at every tick:
-        `roost bench autoscale --suite --trace` prints from it."""
+        `roost bench autoscale --trace` prints from it."""
         self.interval = cfg.interval
         self.history: dict[str, PoolHistory] = {}
         self.spec = PoolSpec(POOL, min_replicas=cfg.min_replicas,

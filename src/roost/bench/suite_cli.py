@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -118,6 +119,9 @@ def parse_point(text: str) -> tuple[str, Point]:
     except ValueError:
         raise click.BadParameter(f"{text!r} is not curve:peak:startup:service "
                                  "(e.g. sawtooth:100:90:0.2)", param_hint="--trace") from None
+    if not (0 < peak < math.inf and 0 <= startup < math.inf and 0 < service < math.inf):
+        raise click.BadParameter(f"{text!r}: the peak and the service time must be above 0, "
+                                 "the start-up at least 0, all finite", param_hint="--trace")
     return parts[0], Point(peak, startup, service)
 
 
