@@ -21,10 +21,12 @@ from roost.node.cgroups import InstanceCgroup, detect
 from tests.nodes import client, command, launch, wait_state
 
 
-def start_agent(nats_url: str, data_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_agent(nats_url: str, data_dir: Path, log: Path, *, grace: float = 2
+                ) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "roost", "node", "--nats", nats_url, "--node-id", "r1",
            "--data-dir", str(data_dir), "--capacity", "4vcpu,16GiB", "--reserve", "0vcpu,0GiB",
-           "--driver", "process", "--heartbeat-seconds", "0.2", "--stop-grace-seconds", "2"]
+           "--driver", "process", "--heartbeat-seconds", "0.2", "--stop-grace-seconds",
+           f"{grace:g}"]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=out)
 
@@ -121,6 +123,50 @@ async def test_kill_9_restart_readopts_instances(
     finally:
         kill_group(pid_a)
         kill_group(pid_b)
+
+
+@pytest.mark.parametrize(("op", "during", "after"),
+                         [("terminate", "shutting-down", "terminated"),
+                          ("stop", "stopping", "stopped")])
+async def test_a_stop_or_terminate_cut_short_by_kill_9_is_finished_after_restart(
+    nats_server: NatsServer, tmp_path: Path, agents: list[subprocess.Popen[bytes]],
+    op: str, during: str, after: str,
+) -> None:
+    """The agent dies while an instance that ignores SIGTERM waits out its stop grace:
+    the restarted agent finishes the move (before, the instance stayed shutting-down
+    for good, and a repeated TerminateInstances changed nothing)."""
+    data, pid_file = tmp_path / "r1", tmp_path / "i.pid"
+    agents.append(start_agent(nats_server.url, data, tmp_path / "agent.log", grace=120))
+    try:
+        async with client(nats_server.url) as nc:
+            first = await snapshot(nc)
+            inst = await launch(nc, "t3.micro", node_id="r1",
+                                user_data=f"echo $$ > {pid_file}\ntrap '' TERM\n"
+                                          "while :; do sleep 1; done\n")
+            assert inst and inst.ok and inst.instance
+            iid = inst.instance.instance_id
+            await wait_state(nc, "r1", iid, "running")
+            for _ in range(100):
+                if pid_file.exists():
+                    break
+                await asyncio.sleep(0.05)
+            reply = await command(nc, "r1", op, iid)
+            assert reply.instance and reply.instance.state == during
+            await asyncio.sleep(0.5)  # well inside the 120 s grace
+            assert (await command(nc, "r1", "describe", iid)).instance.state == during  # type: ignore[union-attr]
+            agents[0].send_signal(signal.SIGKILL)
+            agents[0].wait(10)
+            agents.append(start_agent(nats_server.url, data, tmp_path / "agent.log"))
+            await snapshot(nc, after_boot=first.boot_id)
+            # the new agent's grace is 2 s: then SIGKILL, then the move
+            done = await wait_state(nc, "r1", iid, after, timeout=30)
+            assert done.state_reason == "Client.UserInitiatedShutdown"
+            with pytest.raises(ProcessLookupError):
+                for _ in range(100):
+                    os.kill(int(pid_file.read_text()), 0)
+                    await asyncio.sleep(0.05)
+    finally:
+        kill_group(pid_file)
 
 
 async def test_drain_command_stops_advertising_and_leaves_instances_running(

@@ -182,6 +182,7 @@ class NodeAgent:
             await self._publish(rec.instance_id)
         self._subs = await BusHandlers(self).subscribe(self._nc)
         await self._changed()
+        self._resume_moves()
         self._heartbeat = asyncio.create_task(self._heartbeat_loop())
         log.info("node %s up: %d instances adopted, %d types fit", self.node_id,
                  self.ledger.count, len(self._subs.types))
@@ -210,6 +211,19 @@ class NodeAgent:
             await self._move(rec.instance_id, target, reason="Server.InstanceProcessGone",
                              note="the instance's process was gone when the node agent restarted",
                              announce=False)
+
+    def _resume_moves(self) -> None:
+        """Finish the stops and terminations a killed agent left under way: a re-adopted
+        instance still ``stopping`` or ``shutting-down`` has a live process (one whose
+        process was gone was moved on by `_readopt`), and the task that was to stop it
+        died with the agent. Without this it stays there: a repeated command finds it
+        already stopping or shutting down and changes nothing."""
+        for rec in list(self._records.values()):
+            state = St(rec.state)
+            target = {St.SHUTTING_DOWN: St.TERMINATED, St.STOPPING: St.STOPPED}.get(state)
+            if target is not None:  # the reason `_terminate` and `_stop` give
+                self._track(self._finish(rec.instance_id, target,
+                                         "Client.UserInitiatedShutdown"))
 
     async def _read_orders(self, *, after: float = 0.0) -> None:
         """Carry out this node's orders (docs/architecture.md, "Lost nodes"): those given
