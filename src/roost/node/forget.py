@@ -11,6 +11,7 @@ Run twice, it does the same thing twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -81,22 +82,72 @@ async def _refuse_if_alive(nc: Client, node_id: str, listen: float) -> None:
                     f"{node_id} drain` instead")
 
 
+READ_TIMEOUT = 30.0
+"""Seconds a read of the whole records bucket may take."""
+
+
 async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]:
-    """Every record in the bucket that names ``node_id``, read through one watch."""
+    """Every record in the bucket that names ``node_id``, read through one watch.
+
+    The read goes on until the entry at the bucket's last sequence when it began has
+    come, not only until the watcher's end-of-contents marker: nats-py sets that marker
+    from a consumer-info read that can race the first messages, and put it before any
+    entry (seen as "0 instances marked terminated" for a node that held 30). A watch
+    delivers the last entry of each key in sequence order, so the entry at the last
+    sequence comes last. Should it never come (it expired meanwhile), the read ends
+    at the marker after ``READ_TIMEOUT`` seconds."""
+    # nats-py keeps the bucket's stream and JetStream context private
+    last = (await records._js.stream_info(records._stream)).state.last_seq
     out = []
+
+    def take(entry: KeyValue.Entry) -> None:
+        if entry.operation is not None or not entry.value:
+            return  # a delete or purge marker
+        try:
+            rec = s.decode(entry.value, s.InstanceRecord)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        if rec.node_id == node_id:
+            out.append(rec)
+
     watcher = await records.watchall()
     try:
-        async for entry in watcher:
-            if entry is None:
-                break
-            if entry.operation is not None or not entry.value:
-                continue  # a delete or purge marker
-            try:
-                rec = s.decode(entry.value, s.InstanceRecord)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if rec.node_id == node_id:
-                out.append(rec)
+        ended = await read_through(_until(watcher, READ_TIMEOUT), last, take)
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
+    if not ended:
+        raise TimeoutError(f"the records bucket was not read within {READ_TIMEOUT:g} s")
     return out
+
+
+async def read_through(entries: AsyncIterator[KeyValue.Entry | None], last: int,
+                       take: Callable[[KeyValue.Entry], None]) -> bool:
+    """Hand a watch's entries to ``take`` up to the one at sequence ``last`` (or later),
+    whatever the end-of-contents marker (None) says; whether the marker came at all
+    (the contents were delivered, as far as the watcher knows)."""
+    newest, ended = 0, False
+    async for entry in entries:
+        if entry is None:
+            ended = True
+        else:
+            take(entry)
+            newest = max(newest, entry.revision or 0)
+        if ended and newest >= last:
+            break
+    return ended
+
+
+async def _until(watcher: AsyncIterator[KeyValue.Entry | None], seconds: float
+                 ) -> AsyncIterator[KeyValue.Entry | None]:
+    """The watcher's entries until ``seconds`` have passed (then it just stops)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    it = watcher.__aiter__()
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return
+        try:
+            entry = await asyncio.wait_for(it.__anext__(), left)
+        except (StopAsyncIteration, TimeoutError):
+            return
+        yield entry
