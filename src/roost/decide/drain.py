@@ -160,7 +160,8 @@ def decide_drain(
     # serve nothing, and neither does a silent worker: draining for them would leave
     # the pool fewer serving workers than it wants. A starting replica is drained once
     # it serves, if still in excess.
-    serving = len(_least_busy(workers, infra, now, settings, len(workers)))
+    candidates = _least_busy(workers, infra, now, settings)
+    serving = len(candidates)
     wanted = excess - len(left)
     if wanted > 0 and wanted > serving - desired:
         notes.append(f"{wanted - max(0, serving - desired)} to drain once more workers "
@@ -170,7 +171,7 @@ def decide_drain(
         if budget <= 0:
             notes.append(f"disruption budget spent: {wanted} more to drain later")
         else:
-            picks = _least_busy(workers, infra, now, settings, min(wanted, budget))
+            picks = candidates[:min(wanted, budget)]
             if not picks:
                 notes.append("no active worker with a fresh heartbeat to drain")
             steps += [MarkDraining(pool_id, w.worker_id) for w in picks]
@@ -212,8 +213,9 @@ def _removal_blocker(done: Sequence[WorkerView], infra: Infra | None, current: i
 
 def _least_busy(
     workers: Sequence[WorkerView], infra: Infra | None, now: float, settings: PlanSettings,
-    n: int,
 ) -> list[WorkerView]:
+    """The workers a drain may pick (active, fresh, on a ready instance), least busy
+    first: they are also the ones that serve."""
     ready = {i.ref for i in infra.instances if i.ready} if infra is not None else set()
     pool = [
         w
@@ -222,4 +224,4 @@ def _least_busy(
         and fresh(w, now, settings)
         and w.instance_ref in ready
     ]
-    return sorted(pool, key=lambda w: (w.busy, w.running_tasks, w.worker_id))[:n]
+    return sorted(pool, key=lambda w: (w.busy, w.running_tasks, w.worker_id))

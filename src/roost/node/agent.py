@@ -58,6 +58,8 @@ from roost.node.subscriptions import TypeSubscriptions
 
 log = logging.getLogger(__name__)
 St = InstanceState
+MOVE_ENDS = {St.SHUTTING_DOWN: St.TERMINATED, St.STOPPING: St.STOPPED}
+"""Where a stop or termination under way ends."""
 ORDERS_EVERY = 20.0
 """Seconds (at least ten heartbeats) between two reads of a node's orders while it runs."""
 FENCE_SECONDS = 600.0
@@ -205,9 +207,7 @@ class NodeAgent:
                 continue
             # Its process is gone (it ended while the agent was down, or the host
             # rebooted): record what we know instead of advertising a ghost.
-            target = St.TERMINATED if state is St.SHUTTING_DOWN else St.STOPPED
-            if state is St.STOPPING:
-                target = St.STOPPED
+            target = MOVE_ENDS.get(state, St.STOPPED)
             await self._move(rec.instance_id, target, reason="Server.InstanceProcessGone",
                              note="the instance's process was gone when the node agent restarted",
                              announce=False)
@@ -219,8 +219,7 @@ class NodeAgent:
         died with the agent. Without this it stays there: a repeated command finds it
         already stopping or shutting down and changes nothing."""
         for rec in list(self._records.values()):
-            state = St(rec.state)
-            target = {St.SHUTTING_DOWN: St.TERMINATED, St.STOPPING: St.STOPPED}.get(state)
+            target = MOVE_ENDS.get(St(rec.state))
             if target is not None:  # the reason `_terminate` and `_stop` give
                 self._track(self._finish(rec.instance_id, target,
                                          "Client.UserInitiatedShutdown"))
