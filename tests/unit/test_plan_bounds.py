@@ -511,9 +511,8 @@ RECURRING = (*[1.0] * 9, 12.0, *[1.0] * 9, 12.0, 1.0)
 ONCE = (*[1.0] * 19, 12.0, 1.0)
 
 
-def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more() -> None:
-    s = replace(S, rate_window=30.0, headroom_sigmas=2.0, drain_horizon=5.0,
-                small_pool_replicas=5)
+def test_short_tasks_hold_bursts_that_recurred_one_headroom_window_more() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0, drain_horizon=5.0)
     # the reads show bursts that recur: observe() records when, and their ceiling
     est = replace(_est(1.0), rates=_rates(*RECURRING)).observe(
         Demand(0, 1, 1.0), None, NOW + 1, s)
@@ -522,22 +521,21 @@ def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more(
     assert est.recurred == (NOW + 1, 12.0)
     # later the window holds one of the bursts: no recurrence of its own
     once = replace(_est(1.0), rates=_rates(*ONCE))
-    own = size(Demand(0, 1, 1.0), once, replicas=2, target=1, s=s, now=NOW)
+    own = size(Demand(0, 1, 1.0), once, replicas=10, target=1, s=s, now=NOW)
     assert not own.recurs and own.reserve >= 6
-    # bursts recurred 100 s ago: a pool of 2 replicas of 1 s tasks (shorter than the
-    # 5 s wait aimed at) holds them as if they recur, no higher than the ceiling then
+    # bursts recurred 100 s ago: 1 s tasks (shorter than the 5 s wait aimed at) are
+    # held as if they recur, with room no higher than the ceiling then
     then = replace(once, recurred=(NOW - 100.0, 3.0))
-    got = size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s, now=NOW)
-    assert got.recurs and got.reserve == 3 and got.grows
+    got = size(Demand(0, 1, 1.0), then, replicas=10, target=1, s=s, now=NOW)
+    assert got.recurs and got.reserve == 3
     assert any("but they did 100s ago" in line for line in got.explain)
-    # not beyond the headroom window, not for a pool of small_pool_replicas or more,
-    # not for tasks as long as the wait aimed at, not without a clock to tell
+    # not beyond the headroom window, not for tasks as long as the wait aimed at, and
+    # not without a clock to tell how long ago
     late = replace(once, recurred=(NOW - s.headroom_window - 1.0, 3.0))
-    assert not size(Demand(0, 1, 1.0), late, replicas=2, target=1, s=s, now=NOW).recurs
-    assert not size(Demand(0, 1, 1.0), then, replicas=5, target=1, s=s, now=NOW).recurs
+    assert not size(Demand(0, 1, 1.0), late, replicas=10, target=1, s=s, now=NOW).recurs
     long = replace(then, service=5.0)
-    assert not size(Demand(0, 5, 1.0), long, replicas=2, target=1, s=s, now=NOW).recurs
-    assert not size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s).recurs
+    assert not size(Demand(0, 5, 1.0), long, replicas=10, target=1, s=s, now=NOW).recurs
+    assert not size(Demand(0, 1, 1.0), then, replicas=10, target=1, s=s).recurs
 
 
 def test_a_small_pool_of_short_tasks_grows_to_the_room_while_bursts_recur() -> None:
