@@ -144,6 +144,28 @@ def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
     assert other.exit_code == 1 and "seed 42, not 7" in other.output
 
 
+def test_the_suite_runs_service_times_outside_its_matrix(tmp_path: Path) -> None:
+    """``--services``: the chosen curve's peaks and start-ups with other tasks, every
+    policy, said in the JSON and the Markdown; bad lists refused as usage errors."""
+    out = tmp_path / "suite"
+    result = CliRunner().invoke(autoscale, [
+        "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
+        "--peaks", "10", "--services", "2,0.5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "suite.json").read_text())
+    assert sorted((r["startup"], r["service_mean"]) for r in doc["rows"]) == [
+        (10.0, 0.5), (10.0, 2.0), (90.0, 0.5), (90.0, 2.0)]
+    assert doc["settings"]["services"] == [0.5, 2.0]
+    for row in doc["rows"]:
+        assert [r["policy"] for r in row["results"]] == list(POLICIES)
+        assert row["tasks"] > 0 and row["roost_over_hpa"] > 0
+    assert "Service times 0.5 s, 2 s instead of the suite's" in (out / "suite.md").read_text()
+    for bad in ("two", "0", "-1,2", "inf", ","):
+        refused = CliRunner().invoke(autoscale, ["--suite", "--services", bad,
+                                                 "--out", str(out)])
+        assert refused.exit_code == 2 and "--services" in refused.output, (bad, refused.output)
+
+
 def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> None:
     """``--trace``: one point under roost alone, a line per tick within the window with
     the decision and its reason, the demand model's steps under it, then the figures."""

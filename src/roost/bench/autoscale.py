@@ -625,12 +625,17 @@ def _markdown(doc: dict[str, Any]) -> str:
     return text
 
 
-def _floats(text: str) -> set[float]:
+def _floats(text: str, option: str) -> set[float]:
+    """A comma-separated list of numbers above 0, each finite (peaks, service times)."""
     try:
-        return {float(x) for x in text.split(",") if x.strip()}
+        out = {float(x) for x in text.split(",") if x.strip()}
     except ValueError:
         raise click.BadParameter(f"not a comma-separated list of numbers: {text!r}",
-                                 param_hint="--peaks") from None
+                                 param_hint=option) from None
+    if not out or not all(0 < x < math.inf for x in out):
+        raise click.BadParameter(f"{text!r}: give one number or more, each above 0 and "
+                                 "finite", param_hint=option)
+    return out
 
 
 def _between(text: str) -> tuple[float, float]:
@@ -695,6 +700,10 @@ def _between(text: str) -> tuple[float, float]:
               help="With --suite: comma-separated curve names to run (default: all).")
 @click.option("--peaks", default=None,
               help="With --suite: comma-separated peaks (tasks/s) to run (default: all).")
+@click.option("--services", default=None,
+              help="With --suite: comma-separated mean service times (s) that replace the "
+              "matrix's 0.2 and 30 s, at its peaks and start-ups: points outside the suite, "
+              "to check the rules on tasks they were not tuned on.")
 @click.option("--baselines", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               default=None,
               help="With --suite: an earlier suite.json of the same seed; its HPA and KEDA "
@@ -715,7 +724,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               interval: float, up_window: float, down_window: float,
               small_pool_replicas: int, slo_seconds: float, seed: int,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
-              peaks: str | None, baselines: Path | None, out_dir: Path, trace: str | None,
+              peaks: str | None, services: str | None, baselines: Path | None,
+              out_dir: Path, trace: str | None,
               trace_between: str | None) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if trace is not None:
@@ -729,7 +739,9 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
 
         run_suite(data_dir or default_data_dir(), out_dir, full=full, seed=seed,
                   only=None if only is None else set(only.split(",")),
-                  peaks=None if peaks is None else _floats(peaks), baselines=baselines)
+                  peaks=None if peaks is None else _floats(peaks, "--peaks"),
+                  services=None if services is None else _floats(services, "--services"),
+                  baselines=baselines)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

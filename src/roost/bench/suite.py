@@ -355,6 +355,10 @@ def markdown(doc: dict[str, Any]) -> str:
             f"roost/hpa replica-seconds: {s['geomean_roost_over_hpa']:.3f} overall, "
             f"{s['geomean_tuning']:.3f} on the tuning set, {s['geomean_held_out']:.3f} held out.",
             ""]
+    services = doc["settings"].get("services")
+    if services:
+        text += [f"Service times {', '.join(f'{x:g} s' for x in services)} instead of the "
+                 "suite's: points outside the matrix the rules were chosen on.", ""]
     if doc.get("baselines"):
         text += [f"Baselines: {doc['baselines']}.", ""]
     if doc.get("missing"):

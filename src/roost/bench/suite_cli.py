@@ -35,6 +35,7 @@ MAX_REPLICAS = 5000
 
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               only: set[str] | None, peaks: set[float] | None = None,
+              services: set[float] | None = None,
               baselines: Path | None = None) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
@@ -53,6 +54,10 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         todo = [replace(c, points=tuple(p for p in c.points if p.peak in peaks))
                 for c in todo]
         todo = [c for c in todo if c.points]
+    if services:  # points outside the matrix: the same peaks and start-ups, other tasks
+        todo = [replace(c, points=tuple(dict.fromkeys(
+            Point(p.peak, p.startup, s) for p in c.points for s in sorted(services))))
+            for c in todo]
     for note in missing:
         console.print(f"[yellow]{note}[/]")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
@@ -80,6 +85,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
                                                   "disruption_percent")},
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
             "full": full, "peaks": sorted(peaks) if peaks else None,
+            "services": sorted(services) if services else None,
         },
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
