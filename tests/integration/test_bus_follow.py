@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from nats.js.kv import KeyValue
@@ -71,4 +72,47 @@ async def test_last_values_reads_one_prefix_without_a_consumer(
         with pytest.raises(NoDirectGet):
             await last_values(nc, "orders_plain", "node-1.>", timeout=5)
     finally:
+        await nc.close()
+
+
+async def test_a_mirror_is_synced_only_once_the_delivered_entries_are_in(
+        nats_server: NatsServer) -> None:
+    """nats-py's end-of-contents mark overtakes the entries when the consumer's info
+    (nothing pending) reaches the client before the messages the server already sent,
+    as on a loaded CI host. The race is made here: the mark first, the entries 0.3 s
+    later. A mirror synced at the mark would hold nothing."""
+    nc = await connect([nats_server.url], name="follow-test")
+    kv = await key_value(nc, "early_mark")
+    for i in range(5):
+        await kv.put(f"k{i}", b"x")
+    watch = kv.watch
+    late: list[asyncio.Task[None]] = []
+
+    async def mark_first(*args: Any, **kwargs: Any) -> KeyValue.KeyWatcher:
+        watcher = await watch(*args, **kwargs)
+        updates: asyncio.Queue[KeyValue.Entry | None] = watcher._updates
+        held: list[KeyValue.Entry | None] = []
+        while len(held) < 6:  # the five entries and nats-py's own mark, as they come
+            held.append(await asyncio.wait_for(updates.get(), 5))
+        updates.put_nowait(None)  # the mark first, the entries still on their way
+
+        async def arrive() -> None:
+            await asyncio.sleep(0.3)
+            for item in held:
+                updates.put_nowait(item)
+
+        late.append(asyncio.create_task(arrive()))
+        return watcher
+
+    kv.watch = mark_first  # type: ignore[method-assign]
+    seen: list[str] = []
+    synced = asyncio.Event()
+    follower = asyncio.create_task(follow_bucket(
+        kv, "test", on_entry=lambda entry: seen.append(entry.key), synced=synced))
+    try:
+        await asyncio.wait_for(synced.wait(), 5)
+        assert seen == [f"k{i}" for i in range(5)]
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, *late, return_exceptions=True)
         await nc.close()

@@ -125,6 +125,10 @@ def bucket_replicas(nc: Client) -> int:
     return max(1, min(3, len(info.get("connect_urls") or [])))
 
 
+WATCH_IDLE = 30.0
+"""Seconds a watch's consumer outlives its subscriber (a client cut off longer gets a
+new one: nats-py's ordered consumer makes it again from where it was)."""
+
 STREAM_CREATED = "$JS.EVENT.ADVISORY.STREAM.CREATED.{stream}"
 """The advisory JetStream publishes when a stream (a KV bucket is stream ``KV_<name>``)
 is created: the cue that a bucket was deleted and made again."""
@@ -158,7 +162,11 @@ async def follow_bucket(kv: KeyValue, what: str, *, on_entry: Callable[[KeyValue
         while True:
             try:
                 recreated.clear()
-                watcher = await kv.watch(keys, meta_only=meta_only)
+                # The server drops a watch's consumer WATCH_IDLE seconds after its
+                # subscriber goes (nats-py's default is 5 minutes): each re-watch leaves
+                # one behind, and a stream takes about a thousand.
+                watcher = await kv.watch(keys, meta_only=meta_only,
+                                         inactive_threshold=WATCH_IDLE)
                 try:
                     if await _deliver_until(watcher, on_entry, synced, recreated):
                         log.warning("the %s bucket was created anew; re-watching", what)
@@ -218,15 +226,37 @@ async def until_synced(wait: Awaitable[object], *, stall: float, what: str) -> N
 async def _deliver_until(watcher: KeyValue.KeyWatcher,
                          on_entry: Callable[[KeyValue.Entry], None], synced: asyncio.Event,
                          recreated: asyncio.Event) -> bool:
-    """Hand the watch's entries on until it ends (False) or ``recreated`` is set (True)."""
+    """Hand the watch's entries on until it ends (False) or ``recreated`` is set (True).
+
+    ``synced`` is set once the entries the server had delivered when the watch said it
+    was done have been handed on. nats-py's end-of-contents mark is not enough: it comes
+    first whenever the consumer's info (no messages pending) reaches the client before
+    the messages the server has already sent, and then the mirror would call itself
+    synced while holding nothing.
+    So on that mark the consumer is asked which stream sequence it delivered last, and
+    the mirror is synced when an entry at or past that sequence has been handed on (at
+    once when it had delivered none)."""
+    target: int | None = None
+    """The stream sequence to reach before ``synced``; None until the watch's mark."""
+    reached = 0
 
     async def pump() -> None:
+        nonlocal target, reached
         async for entry in watcher:
             if entry is None:
+                sub = watcher._sub  # nats-py keeps the watch's subscription private
+                if not synced.is_set() and sub is not None:
+                    info = await sub.consumer_info()
+                    sent = info.delivered
+                    # Nothing sent yet: the stream position is where the consumer starts,
+                    # which need not be an entry this watch will ever see (a filter).
+                    target = sent.stream_seq if sent and sent.consumer_seq else 0
+            else:
+                _PROGRESS.delivered += 1
+                reached = max(reached, entry.revision or 0)
+                on_entry(entry)
+            if target is not None and reached >= target:
                 synced.set()
-                continue
-            _PROGRESS.delivered += 1
-            on_entry(entry)
 
     pumping = asyncio.ensure_future(pump())
     waiting = asyncio.ensure_future(recreated.wait())
