@@ -159,6 +159,15 @@ def _launch(ec2: Any, user_data: str, *, itype: str = "t3.nano",
     return str(out["Instances"][0]["InstanceId"])
 
 
+def _console(ec2: Any, iid: str, marker: str, node: VmNode) -> str:
+    """`console`, with the node agent's last lines when the marker never comes."""
+    try:
+        return console(ec2, iid, marker, timeout=BOOT_SECONDS)
+    except AssertionError as exc:
+        tail = "\n".join(node.log.read_text(errors="replace").splitlines()[-40:])
+        raise AssertionError(f"{exc}\nthe node agent's log ends:\n{tail}") from None
+
+
 def _register(ec2: Any, name: str, kernel: Path, initrd: Path) -> str:
     return str(ec2.register_image(Name=name, KernelId=str(kernel),
                                   RamdiskId=str(initrd))["ImageId"])
@@ -219,7 +228,7 @@ def test_a_micro_vm_runs_user_data_and_lives_through_its_lifecycle(
         # that it can launch nothing: it was not asked, and the launch landed here.
         assert lacking_log.read_text().count("refused") == refusals
         assert cluster.record(iid).node_id == NODE  # type: ignore[union-attr]
-        text = console(ec2, iid, "HOG-DONE", timeout=BOOT_SECONDS)
+        text = _console(ec2, iid, "HOG-DONE", node)
         assert f"MARKER-{iid}-t3.nano" in text  # its own id, from 169.254.169.254
         # The guest carries the address EC2 shows for it.
         address = inst["PrivateIpAddress"]
@@ -245,8 +254,7 @@ def test_a_micro_vm_runs_user_data_and_lives_through_its_lifecycle(
         # reboot: the same QEMU resets; the user data ran at first boot and, as with
         # cloud-init, does not run again.
         ec2.reboot_instances(InstanceIds=[iid])
-        text = console(ec2, iid, "user data ran at first boot; not again",
-                       timeout=BOOT_SECONDS)
+        text = _console(ec2, iid, "user data ran at first boot; not again", node)
         assert text.count(f"MARKER-{iid}") == 1
         assert _qemu_pids(iid) == [pid]
 

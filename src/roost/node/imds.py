@@ -105,8 +105,10 @@ def build_app(lookup: MetadataLookup, resolve: CallerResolver, *, secret: bytes,
         instance_id = await identify(request)
         md = lookup(instance_id) if instance_id is not None else None
         if md is None:
-            log.debug("IMDS: %s from %s matches no instance here", request.url.path,
-                      request.client)
+            # Said, not hidden at debug: an instance refused here sees no user data.
+            log.info("IMDS: %s from %s: %s", request.url.path, request.client,
+                     "no instance's processes hold the connection" if instance_id is None
+                     else f"{instance_id} is not pending or running here")
             return _error(404)
         if md.http_endpoint != "enabled":
             return _error(403)

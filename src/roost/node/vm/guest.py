@@ -60,23 +60,39 @@ else
     cat /tmp/dhcp.log
 fi
 
-# User data from the metadata service (IMDSv2, then v1).
+# The instance's id first: the service answers 404 to a caller it does not recognise
+# as well as for an item it lacks, so a 404 for the user data means "none" only once
+# the service has told this instance who it is.
 tries=0
-until imds user-data >/tmp/user-data 2>/tmp/imds-error; do
-    if grep -q "404" /tmp/imds-error; then : >/tmp/user-data; break; fi
+until iid=$(imds instance-id 2>/tmp/imds-error); do
     tries=$((tries + 1))
-    [ $tries -ge 50 ] && { echo "roost-microvm: metadata service unreachable"; break; }
+    if [ $tries -ge 100 ]; then
+        echo "roost-microvm: the metadata service does not answer: $(cat /tmp/imds-error)"
+        break
+    fi
     sleep 0.1
 done
-# The instance's own address, as EC2 shows it, beside the link to the metadata service;
-# and its id, for the first-boot mark (both asked at once: each ask is a round trip).
-imds local-ipv4 >/tmp/local-ipv4 2>/dev/null &
+# Then the user data (IMDSv2, then v1) and the instance's own address, as EC2 shows it,
+# beside the link to the metadata service (both asked at once: each ask is a round trip).
+imds local-ipv4 >/tmp/local-ipv4 2>/tmp/local-ipv4-error &
 asking=$!
-iid=$(imds instance-id 2>/dev/null)
+tries=0
+until [ -z "$iid" ] || imds user-data >/tmp/user-data 2>/tmp/imds-error; do
+    if grep -q " 404 " /tmp/imds-error; then : >/tmp/user-data; break; fi
+    tries=$((tries + 1))
+    if [ $tries -ge 50 ]; then
+        echo "roost-microvm: no user data: $(cat /tmp/imds-error)"
+        : >/tmp/user-data
+        break
+    fi
+    sleep 0.1
+done
 wait $asking
 addr=$(cat /tmp/local-ipv4)
 if [ -n "$addr" ]; then
     ip addr add "$addr/32" dev eth0 && echo "roost-microvm: private address $addr"
+elif [ -n "$iid" ]; then
+    echo "roost-microvm: no private address: $(cat /tmp/local-ipv4-error)"
 fi
 
 # User data at first boot only: the state disk remembers the instance that ran it.
@@ -107,7 +123,8 @@ ask() {  # the request on stdin; the answer, without CRs, into /tmp/imds.$$
     # nc reads its input from a FIFO held open until nc ends: busybox nc may stop
     # reading the answer once its input ends.
     rm -f /tmp/in.$$; mkfifo /tmp/in.$$
-    nc -w 5 169.254.169.254 80 </tmp/in.$$ >/tmp/raw.$$ 2>/dev/null &
+    # Bounded: nc's own -w stops waiting only once its input has ended.
+    timeout 30 nc -w 5 169.254.169.254 80 </tmp/in.$$ >/tmp/raw.$$ 2>/dev/null &
     pid=$!
     { cat; while kill -0 $pid 2>/dev/null; do usleep 20000; done; } >/tmp/in.$$
     wait $pid
