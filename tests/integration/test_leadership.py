@@ -83,6 +83,29 @@ async def test_the_lock_is_taken_once_not_stacked(pg_dsn: str, db: asyncpg.Pool)
         await b.close()
 
 
+async def test_a_shutdown_during_a_keep_alive_waits_for_it_and_takes_nothing_after(
+        pg_dsn: str, db: asyncpg.Pool) -> None:
+    """The lease task's keep-alive and the loop's close at shutdown run side by side: a
+    session dropped under the keep-alive's queries failed them (once inside asyncpg, an
+    AttributeError that ended the shutdown), and a round after the close could lead
+    again from a process on its way out."""
+    a = _leadership(pg_dsn, "a")
+    assert await a.ensure()
+    keeping = asyncio.create_task(a.ensure())
+    await asyncio.sleep(0)  # the keep-alive is under way, holding the session
+    await a.close()
+    assert await keeping is True  # the keep-alive ended whole; the close came after
+    assert not a.is_leader and a.lost_reason == "shutting down"
+    assert not await a.ensure()  # closed: not a new election
+    assert a._conn is None
+    async with db.acquire() as conn:  # the dropped session ends on the server's time
+        for _ in range(100):
+            if await lease.lock_holder(conn, timeout=2.0) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert await lease.lock_holder(conn, timeout=2.0) is None
+
+
 async def test_terminated_leader_session_fails_over_and_old_writes_fail(
     pg_dsn: str, db: asyncpg.Pool
 ) -> None:

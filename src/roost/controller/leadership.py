@@ -77,6 +77,7 @@ class Leadership:
         self._conn: Any = None
         self._next_try = float("-inf")
         self._busy = asyncio.Lock()  # one query at a time on the lock session
+        self._closed = False
 
     @property
     def is_leader(self) -> bool:
@@ -104,6 +105,8 @@ class Leadership:
         reports (and /readyz turns into a 503).
         """
         async with self._busy:
+            if self._closed:
+                return False
             try:
                 return await self._ensure()
             except LeadershipError as exc:
@@ -191,13 +194,13 @@ class Leadership:
             held = await lease.holds_lock(self._conn, timeout=self.keepalive_timeout)
             cur = await lease.current(self._conn, timeout=self.keepalive_timeout)
         except CONNECTION_ERRORS as exc:
-            await self.step_down(f"keep-alive failed: {exc or type(exc).__name__}")
+            await self._step_down(f"keep-alive failed: {exc or type(exc).__name__}")
             return False
         if not held:
-            await self.step_down("the advisory lock is no longer held")
+            await self._step_down("the advisory lock is no longer held")
             return False
         if cur is None or cur[0] != self.epoch:
-            await self.step_down(f"the lease moved on to epoch {cur and cur[0]}")
+            await self._step_down(f"the lease moved on to epoch {cur and cur[0]}")
             return False
         return True
 
@@ -222,6 +225,13 @@ class Leadership:
             conn.terminate()
 
     async def step_down(self, reason: str) -> None:
+        """Give up the lead (and the lock session). Waits for a keep-alive or election
+        under way: dropping the session under a query breaks that query inside asyncpg
+        (an AttributeError, not a connection error), which ended a shutdown with it."""
+        async with self._busy:
+            await self._step_down(reason)
+
+    async def _step_down(self, reason: str) -> None:
         was = self.epoch is not None
         self._drop()
         if was:
@@ -229,5 +239,8 @@ class Leadership:
         await asyncio.sleep(0)
 
     async def close(self) -> None:
-        """Release leadership at shutdown, so a follower takes over at its next retry."""
-        await self.step_down("shutting down")
+        """Release leadership at shutdown, so a follower takes over at its next retry;
+        an `ensure` after this (the lease task's last round) takes nothing."""
+        async with self._busy:
+            self._closed = True
+            await self._step_down("shutting down")
