@@ -190,9 +190,13 @@ class Leadership:
             self.problem = ""
 
     async def _keepalive(self) -> bool:
+        conn = self._conn  # the termination listener may clear the attribute meanwhile
+        if conn is None or conn.is_closed():
+            await self._step_down("the leader connection closed")
+            return False
         try:
-            held = await lease.holds_lock(self._conn, timeout=self.keepalive_timeout)
-            cur = await lease.current(self._conn, timeout=self.keepalive_timeout)
+            held = await lease.holds_lock(conn, timeout=self.keepalive_timeout)
+            cur = await lease.current(conn, timeout=self.keepalive_timeout)
         except CONNECTION_ERRORS as exc:
             await self._step_down(f"keep-alive failed: {exc or type(exc).__name__}")
             return False
