@@ -116,8 +116,10 @@ async def test_terminated_leader_session_fails_over_and_old_writes_fail(
         assert old_epoch is not None
         await _publish(db, old_epoch)  # the leader's writes go through
         await db.execute("SELECT pg_terminate_backend($1)", a.backend_pid)
-        for _ in range(100):  # the termination listener steps down without a tick
-            if not a.is_leader:
+        # The termination listener steps down without a tick. asyncpg marks the session
+        # closed first and calls its listeners a loop turn later: wait for both.
+        for _ in range(500):
+            if not a.is_leader and a.lost_reason:
                 break
             await asyncio.sleep(0.01)
         assert not a.is_leader and "terminated" in a.lost_reason
