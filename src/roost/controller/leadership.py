@@ -190,10 +190,9 @@ class Leadership:
             self.problem = ""
 
     async def _keepalive(self) -> bool:
-        conn = self._conn  # the termination listener may clear the attribute meanwhile
-        if conn is None or conn.is_closed():
-            await self._step_down("the leader connection closed")
-            return False
+        # `_ensure` came here only with the session open (`is_leader`); the termination
+        # listener may clear the attribute between the two queries.
+        conn = self._conn
         try:
             held = await lease.holds_lock(conn, timeout=self.keepalive_timeout)
             cur = await lease.current(conn, timeout=self.keepalive_timeout)
