@@ -15,6 +15,7 @@ from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from roost.bus.auth import NatsAuth
+from roost.bus.contents import Contents, delivered_seq
 
 log = logging.getLogger(__name__)
 
@@ -228,34 +229,17 @@ async def _deliver_until(watcher: KeyValue.KeyWatcher,
                          recreated: asyncio.Event) -> bool:
     """Hand the watch's entries on until it ends (False) or ``recreated`` is set (True).
 
-    ``synced`` is set once the entries the server had delivered when the watch said it
-    was done have been handed on. nats-py's end-of-contents mark is not enough: it comes
-    first whenever the consumer's info (no messages pending) reaches the client before
-    the messages the server has already sent, and then the mirror would call itself
-    synced while holding nothing.
-    So on that mark the consumer is asked which stream sequence it delivered last, and
-    the mirror is synced when an entry at or past that sequence has been handed on (at
-    once when it had delivered none)."""
-    target: int | None = None
-    """The stream sequence to reach before ``synced``; None until the watch's mark."""
-    reached = 0
+    ``synced`` is set once the contents the server had sent by the watch's
+    end-of-contents mark have been handed on (`roost.bus.contents`: the mark alone can
+    come before them)."""
+    contents = Contents(lambda: delivered_seq(watcher))
 
     async def pump() -> None:
-        nonlocal target, reached
         async for entry in watcher:
-            if entry is None:
-                sub = watcher._sub  # nats-py keeps the watch's subscription private
-                if not synced.is_set() and sub is not None:
-                    info = await sub.consumer_info()
-                    sent = info.delivered
-                    # Nothing sent yet: the stream position is where the consumer starts,
-                    # which need not be an entry this watch will ever see (a filter).
-                    target = sent.stream_seq if sent and sent.consumer_seq else 0
-            else:
+            if entry is not None:
                 _PROGRESS.delivered += 1
-                reached = max(reached, entry.revision or 0)
                 on_entry(entry)
-            if target is not None and reached >= target:
+            if not synced.is_set() and await contents.see(entry):
                 synced.set()
 
     pumping = asyncio.ensure_future(pump())

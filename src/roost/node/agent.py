@@ -30,6 +30,7 @@ from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.auth import NatsAuth
 from roost.bus.connect import NoDirectGet, connect, key_value, last_values
+from roost.bus.contents import read_contents
 from roost.bus.failures import BUS_DOWN
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
@@ -280,17 +281,20 @@ class NodeAgent:
 
     async def _watch_orders(self) -> dict[str, bytes]:
         """This node's orders read through a watch (key -> value), for a bucket that
-        answers no direct gets."""
+        answers no direct gets: to the end of its contents (`roost.bus.contents`), since
+        nats-py's end-of-contents mark can come before them."""
         assert self._orders_kv is not None
         found: dict[str, bytes] = {}
-        watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id),
-                                              ignore_deletes=True)
+
+        def take(entry: KeyValue.Entry) -> None:
+            if entry.operation is None:  # not a delete or purge marker
+                found[entry.key] = entry.value or b""
+            else:
+                found.pop(entry.key, None)
+
+        watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id))
         try:
-            async with asyncio.timeout(ORDERS_READ_TIMEOUT):  # a bus that stalls
-                async for entry in watcher:
-                    if entry is None:  # the current contents are all in
-                        break
-                    found[entry.key] = entry.value or b""
+            await read_contents(watcher, take, timeout=ORDERS_READ_TIMEOUT)
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
         return found

@@ -11,7 +11,6 @@ Run twice, it does the same thing twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -22,6 +21,7 @@ from nats.js.kv import KeyValue
 from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import key_value
+from roost.bus.contents import read_contents
 
 REASON = "Server.InternalError"
 
@@ -87,17 +87,9 @@ READ_TIMEOUT = 30.0
 
 
 async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]:
-    """Every record in the bucket that names ``node_id``, read through one watch.
-
-    The read goes on until the entry at the bucket's last sequence when it began has
-    come, not only until the watcher's end-of-contents marker: nats-py sets that marker
-    from a consumer-info read that can race the first messages, and put it before any
-    entry (seen as "0 instances marked terminated" for a node that held 30). A watch
-    delivers the last entry of each key in sequence order, so the entry at the last
-    sequence comes last. Should it never come (it expired meanwhile), the read ends
-    at the marker after ``READ_TIMEOUT`` seconds."""
-    # nats-py keeps the bucket's stream and JetStream context private
-    last = (await records._js.stream_info(records._stream)).state.last_seq
+    """Every record in the bucket that names ``node_id``, read through one watch to the
+    end of its contents (`roost.bus.contents`: nats-py's own end-of-contents mark can
+    come before every entry); TimeoutError when that takes over ``READ_TIMEOUT``."""
     out = []
 
     def take(entry: KeyValue.Entry) -> None:
@@ -112,42 +104,10 @@ async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]
 
     watcher = await records.watchall()
     try:
-        ended = await read_through(_until(watcher, READ_TIMEOUT), last, take)
+        await read_contents(watcher, take, timeout=READ_TIMEOUT)
+    except TimeoutError:
+        raise TimeoutError(
+            f"the records bucket was not read within {READ_TIMEOUT:g} s") from None
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
-    if not ended:
-        raise TimeoutError(f"the records bucket was not read within {READ_TIMEOUT:g} s")
     return out
-
-
-async def read_through(entries: AsyncIterator[KeyValue.Entry | None], last: int,
-                       take: Callable[[KeyValue.Entry], None]) -> bool:
-    """Hand a watch's entries to ``take`` up to the one at sequence ``last`` (or later),
-    whatever the end-of-contents marker (None) says; whether the marker came at all
-    (the contents were delivered, as far as the watcher knows)."""
-    newest, ended = 0, False
-    async for entry in entries:
-        if entry is None:
-            ended = True
-        else:
-            take(entry)
-            newest = max(newest, entry.revision or 0)
-        if ended and newest >= last:
-            break
-    return ended
-
-
-async def _until(watcher: AsyncIterator[KeyValue.Entry | None], seconds: float
-                 ) -> AsyncIterator[KeyValue.Entry | None]:
-    """The watcher's entries until ``seconds`` have passed (then it just stops)."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    it = watcher.__aiter__()
-    while True:
-        left = deadline - asyncio.get_running_loop().time()
-        if left <= 0:
-            return
-        try:
-            entry = await asyncio.wait_for(it.__anext__(), left)
-        except (StopAsyncIteration, TimeoutError):
-            return
-        yield entry

@@ -1,0 +1,86 @@
+"""Reading a KV watch's current contents through, whatever nats-py's end-of-contents
+mark says.
+
+nats-py's watcher puts its mark (None) after the entry it saw with nothing pending,
+or at once when its first read of the consumer's info found nothing pending and no
+message received yet. That read races the messages the server has already sent: on a
+loaded host the info comes first, the mark goes ahead of every entry, and a reader
+that stops at the mark holds nothing (seen as a mirror synced empty, and as `roost node
+forget` marking "0 instances" of a node that held 30).
+
+So on the mark the consumer is asked which stream sequence it had delivered, and the
+contents are in once an entry at or past that sequence has come. Every caller that
+needs "the current contents" goes through `Contents`: the gateway's mirrors
+(`follow_bucket`), `roost node forget` and a node's read of its orders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import nats.errors
+from nats.js.kv import KeyValue
+
+Entry = KeyValue.Entry
+
+
+class WatchEnded(nats.errors.Error):
+    """The watch was stopped (its subscription closed) before its contents were in."""
+
+
+async def delivered_seq(watcher: KeyValue.KeyWatcher) -> int:
+    """The stream sequence the watch's consumer has delivered last; 0 when it has
+    delivered nothing (its start position need not be an entry this watch will ever
+    see: a filter)."""
+    sub = watcher._sub  # nats-py keeps the watch's subscription private
+    if sub is None:
+        return 0
+    sent = (await sub.consumer_info()).delivered
+    return sent.stream_seq if sent is not None and sent.consumer_seq else 0
+
+
+class Contents:
+    """Whether a watch has handed on the contents its consumer had sent by its mark.
+
+    Feed it every item the watch yields, the mark and delete markers included
+    (`see`); it asks ``delivered`` once, at the first mark."""
+
+    def __init__(self, delivered: Callable[[], Awaitable[int]]) -> None:
+        self._delivered = delivered
+        self.target: int | None = None
+        """The stream sequence to reach; None until the mark."""
+        self.reached = 0
+        """The highest stream sequence seen so far."""
+
+    async def see(self, item: Entry | None) -> bool:
+        """Take one item of the watch; whether the contents are all in now."""
+        if item is None:
+            if self.target is None:
+                self.target = await self._delivered()
+        else:
+            self.reached = max(self.reached, item.revision or 0)
+        return self.target is not None and self.reached >= self.target
+
+
+async def read_contents(watcher: KeyValue.KeyWatcher, take: Callable[[Entry], None], *,
+                        timeout: float) -> None:
+    """Hand ``take`` every entry of the watch's current contents, delete and purge
+    markers included (a watch made with ``ignore_deletes`` could withhold the very entry
+    the read waits for). TimeoutError when they are not all in within ``timeout``
+    seconds, `WatchEnded` when the watch ends first (both are failures of the bus,
+`roost.bus.failures.BUS_DOWN`)."""
+    await read_items(watcher, take, Contents(lambda: delivered_seq(watcher)),
+                     timeout=timeout)
+
+
+async def read_items(items: AsyncIterator[Entry | None], take: Callable[[Entry], None],
+                     contents: Contents, *, timeout: float) -> None:
+    """`read_contents` over any source of watch items (a unit test's list)."""
+    async with asyncio.timeout(timeout):
+        async for item in items:
+            if item is not None:
+                take(item)
+            if await contents.see(item):
+                return
+    raise WatchEnded("the watch ended before the bucket's contents were read")
