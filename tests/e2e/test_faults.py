@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -266,11 +266,14 @@ def view(cluster: ThreadedCluster) -> Any:
     return service.view
 
 
-def wait_for(what: str, check: Any, timeout: float) -> float:
-    """Poll ``check`` until true; the seconds it took."""
+def wait_for(what: str, check: Any, timeout: float,
+             detail: Callable[[], str] | None = None) -> float:
+    """Poll ``check`` until true; the seconds it took. ``detail`` says what was seen,
+    should it never come."""
     started = time.monotonic()
     while not check():
-        assert time.monotonic() - started < timeout, f"{what}: not within {timeout} s"
+        assert time.monotonic() - started < timeout, (
+            f"{what}: not within {timeout} s" + (f"; {detail()}" if detail else ""))
         time.sleep(0.05)
     return time.monotonic() - started
 
@@ -515,7 +518,14 @@ def test_one_server_of_a_nats_cluster_killed_under_load(
                     return (bool(load.ok_times) and load.ok_times[-1] > last
                             and time.monotonic() - last > 1.5)
 
-                wait_for("launches succeed again", recovered_for_good, 30)
+                def seen() -> str:
+                    after = [round(x - killed, 2) for x in load.ok_times if x > killed]
+                    fails = [round(x - killed, 2) for x in load.failed_times if x > killed]
+                    return (f"outcomes {dict(load.outcomes)} {load.messages}; seconds after "
+                            f"the kill of the launches that succeeded {after[:5]}..."
+                            f"{after[-5:]}, that failed {fails[:5]}...{fails[-5:]}")
+
+                wait_for("launches succeed again", recovered_for_good, 30, seen)
             last_failure = max([killed, *load.failed_times])
             recovered = min(t for t in load.ok_times if t > last_failure) - killed
             print(f"\nNATS server {victim.name} (the gateway's) killed: launches succeed "
