@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from roost.bench.autoscale import (
     autoscale,
     run,
 )
+from roost.bench.suite import curves, label_held_out
 from roost.bench.traces import default_data_dir
 from tests.traces import write_traces
 
@@ -126,18 +128,27 @@ def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
 
     # --baselines: HPA's and KEDA's figures reused where a point holds the same tasks,
     # roost simulated again (and, being deterministic, the same)
+    assert {r["kind"] for r in doc["rows"]} == {"tuning"}
+    assert doc["summary"]["geomean_held_out"] is None  # no point of that kind: no NaN
+    assert "Every point of this run is labelled tuning" in (out / "suite.md").read_text()
     doc["rows"][0]["tasks"] += 1  # as if its workload had changed: simulated again
     base = tmp_path / "base.json"
     base.write_text(json.dumps(doc))
     again = tmp_path / "again"
     result = CliRunner().invoke(autoscale, [
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
-        "--peaks", "10", "--out", str(again), "--baselines", str(base)])
+        "--peaks", "10", "--out", str(again), "--baselines", str(base), "--held-out"])
     assert result.exit_code == 0, result.output
     doc2 = json.loads((again / "suite.json").read_text())
     assert [r["reused"] for r in doc2["rows"]] == [[]] + [["hpa", "keda"]] * 3
     assert "3 of 4 points reused" in doc2["baselines"]
     assert [r["results"] for r in doc2["rows"]] == [r["results"] for r in doc["rows"]]
+    # --held-out: the synthetic shape labelled so, and summed apart
+    assert {r["kind"] for r in doc2["rows"]} == {"held-out"}
+    assert doc2["summary"]["geomean_held_out"] == doc2["summary"]["geomean_roost_over_hpa"]
+    assert doc2["summary"]["geomean_tuning"] is None
+    assert doc2["settings"]["held_out"] is True
+    assert "spike-train (held out)" in (again / "suite.md").read_text()
     other = CliRunner().invoke(autoscale, [
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
         "--peaks", "10", "--seed", "7", "--out", str(again), "--baselines", str(base)])
@@ -189,3 +200,14 @@ def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> Non
             (["--trace", "nope:10:10:0.2"], 1, "no such curve: nope")):
         bad = CliRunner().invoke(autoscale, ["--data-dir", str(tmp_path / "none"), *args])
         assert bad.exit_code == code and text in bad.output, bad.output
+
+
+def test_held_out_labels_the_seeded_shapes_and_with_other_services_every_curve() -> None:
+    """A trace's demand is the same at any seed, so a new seed holds out only the
+    synthetic shapes; service times never chosen on hold out every curve."""
+    [shape, *_] = [c for c in curves(Path("/nonexistent"), full=False)[0]]
+    azure = replace(shape, name="azure-llm-code-hour")
+    assert [c.kind for c in label_held_out([shape, azure], services=False)] == [
+        "held-out", "tuning"]
+    assert [c.kind for c in label_held_out([shape, azure], services=True)] == [
+        "held-out", "held-out"]

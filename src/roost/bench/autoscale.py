@@ -709,6 +709,10 @@ def _between(text: str) -> tuple[float, float]:
               help="With --suite: an earlier suite.json of the same seed; its HPA and KEDA "
               "figures are reused (per point, when the task count matches) and only roost "
               "is re-simulated.")
+@click.option("--held-out", is_flag=True,
+              help="With --suite: this run's seed (and --services' service times) were never "
+              "looked at while the defaults were chosen: label its synthetic shapes (with "
+              "--services, every point) held out in the results.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
               default=Path("bench-results/autoscale-suite"), show_default=True,
               help="With --suite: where the results go.")
@@ -725,7 +729,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               small_pool_replicas: int, slo_seconds: float, seed: int,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
               peaks: str | None, services: str | None, baselines: Path | None,
-              out_dir: Path, trace: str | None,
+              held_out: bool, out_dir: Path, trace: str | None,
               trace_between: str | None) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if trace is not None:
@@ -741,7 +745,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                   only=None if only is None else set(only.split(",")),
                   peaks=None if peaks is None else _floats(peaks, "--peaks"),
                   services=None if services is None else _floats(services, "--services"),
-                  baselines=baselines)
+                  baselines=baselines, held_out=held_out)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

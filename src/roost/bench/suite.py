@@ -16,7 +16,9 @@ and KEDA as `roost.bench.autoscale` models them:
   read while choosing the start-up-aware capacity and the 5 s drain horizon.
 
 What stays held out is the seed: the synthetic shapes drawn at a seed never looked at
-while choosing (``--seed``; docs/autoscaling.md lists which).
+while choosing (``--seed``; docs/autoscaling.md lists which), and service times the
+rules were not chosen on (``--services``). The suite cannot know which seeds were looked
+at: ``--held-out`` says so for a run, and labels its points (`label_held_out`).
 
 Each curve runs at every point of a matrix: peaks (tasks/s of the busiest minute),
 replica start-up times and mean service times. The default matrix is the issue's
@@ -318,6 +320,13 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
+def label_held_out(todo: Sequence[Curve], *, services: bool) -> list[Curve]:
+    """``todo`` as a run of data never looked at while choosing: the synthetic shapes
+    (their seed is new), and with other service times every curve (the traces' demand is
+    the same at any seed, their points at those service times are not)."""
+    return [replace(c, kind=HELD_OUT) if services or c.name in SHAPES else c for c in todo]
+
+
 HEADER = ["curve", "peak/s", "start-up s", "service s", "roost replica-s", "hpa replica-s",
           "roost/hpa", "roost SLO %", "hpa SLO %", "keda SLO %", "roost killed",
           "hpa killed", "actions roost/hpa", "reversals roost/hpa", "peak roost/hpa",
@@ -325,19 +334,46 @@ HEADER = ["curve", "peak/s", "start-up s", "service s", "roost replica-s", "hpa 
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    def gm(kind: str | None) -> float:
-        return geomean([r["roost_over_hpa"] for r in rows
+    def gm(kind: str | None) -> float | None:
+        """The geometric mean over ``kind``'s points (all: None); None without any (JSON
+        has no NaN)."""
+        mean = geomean([r["roost_over_hpa"] for r in rows
                         if r["roost_over_hpa"] is not None and kind in (None, r["kind"])])
+        return None if math.isnan(mean) else round(mean, 4)
     wc = [r["roost_over_hpa"] for r in rows if r["curve"].startswith("worldcup98")]
     return {
         "points": len(rows),
         "met": sum(1 for r in rows if not verdict(r)),
-        "geomean_roost_over_hpa": round(gm(None), 4),
-        "geomean_tuning": round(gm(TUNING), 4),
-        "geomean_held_out": round(gm(HELD_OUT), 4),
+        "geomean_roost_over_hpa": gm(None),
+        "geomean_tuning": gm(TUNING),
+        "geomean_held_out": gm(HELD_OUT),
         "worldcup98_roost_over_hpa": wc,
         "max_roost_over_hpa": max((r["roost_over_hpa"] or 0.0) for r in rows) if rows else None,
     }
+
+
+def geomeans(s: dict[str, Any]) -> str:
+    """A summary's geometric means, overall and for each kind of point the run has."""
+    parts = [f"{s['geomean_roost_over_hpa']:.3f} overall"]
+    for key, what in (("geomean_tuning", "on the tuning set"), ("geomean_held_out", "held out")):
+        if s.get(key) is not None:
+            parts.append(f"{s[key]:.3f} {what}")
+    return ", ".join(parts)
+
+
+def _kinds(settings: dict[str, Any]) -> str:
+    """What of this run is tuning and what is held out, in a sentence."""
+    if not settings.get("held_out"):
+        return ("Every point of this run is labelled tuning: the defaults were chosen on "
+                "every curve at seed 42 (the synthetic shapes, WorldCup98, the Azure LLM "
+                "code hour); a run at a seed or service times never looked at while "
+                "choosing says so with --held-out.")
+    if settings.get("services"):
+        return ("Every point of this run is held out (--held-out with --services): service "
+                "times the defaults were not chosen on.")
+    return ("The synthetic shapes of this run are held out (--held-out): drawn at a seed "
+            "never looked at while choosing; WorldCup98 and the Azure LLM code hour, whose "
+            "demand is the same at any seed, stay tuning.")
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -347,14 +383,10 @@ def markdown(doc: dict[str, Any]) -> str:
     text = ["# roost bench autoscale --suite", "",
             f"Defaults for every curve: `{doc['settings']}`.",
             f"SLO: a minute meets it when its tasks' p99 queue wait is at most "
-            f"{doc['slo_seconds']:g} s. Tuning curves: every curve at seed 42 (the synthetic "
-            "shapes, WorldCup98, the Azure LLM code hour); held out: the synthetic shapes "
-            "at a seed never looked at while choosing.", "",
+            f"{doc['slo_seconds']:g} s. {_kinds(doc['settings'])}", "",
             markdown_table(HEADER, table_rows(doc["rows"])), "",
             f"Met the bar on {s['met']} of {s['points']} points. Geometric mean of "
-            f"roost/hpa replica-seconds: {s['geomean_roost_over_hpa']:.3f} overall, "
-            f"{s['geomean_tuning']:.3f} on the tuning set, {s['geomean_held_out']:.3f} held out.",
-            ""]
+            f"roost/hpa replica-seconds: {geomeans(s)}.", ""]
     services = doc["settings"].get("services")
     if services:
         text += [f"Service times {', '.join(f'{x:g} s' for x in services)} instead of the "

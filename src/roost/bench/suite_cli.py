@@ -19,6 +19,8 @@ from roost.bench.suite import (
     SLO_SECONDS,
     Point,
     curves,
+    geomeans,
+    label_held_out,
     markdown,
     plot_curve,
     read_baselines,
@@ -36,7 +38,7 @@ MAX_REPLICAS = 5000
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               only: set[str] | None, peaks: set[float] | None = None,
               services: set[float] | None = None,
-              baselines: Path | None = None) -> dict[str, Any]:
+              baselines: Path | None = None, held_out: bool = False) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
@@ -58,6 +60,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         todo = [replace(c, points=tuple(dict.fromkeys(
             Point(p.peak, p.startup, s) for p in c.points for s in sorted(services))))
             for c in todo]
+    if held_out:
+        todo = label_held_out(todo, services=bool(services))
     for note in missing:
         console.print(f"[yellow]{note}[/]")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
@@ -86,6 +90,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
             "full": full, "peaks": sorted(peaks) if peaks else None,
             "services": sorted(services) if services else None,
+            "held_out": held_out,
         },
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
@@ -109,9 +114,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
     out = Console()
     out.print(table)
     s = doc["summary"]
-    out.print(f"met {s['met']}/{s['points']}; geometric mean roost/hpa "
-              f"{s['geomean_roost_over_hpa']:.3f} (tuning {s['geomean_tuning']:.3f}, held out "
-              f"{s['geomean_held_out']:.3f}); results in {out_dir}")
+    out.print(f"met {s['met']}/{s['points']}; geometric mean roost/hpa: {geomeans(s)}; "
+              f"results in {out_dir}")
     return doc
 
 
