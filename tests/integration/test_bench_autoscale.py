@@ -211,3 +211,39 @@ def test_held_out_labels_the_seeded_shapes_and_with_other_services_every_curve()
         "held-out", "tuning"]
     assert [c.kind for c in label_held_out([shape, azure], services=True)] == [
         "held-out", "held-out"]
+
+
+def test_phases_read_the_bar_on_medians_over_where_the_tick_grid_falls(
+        tmp_path: Path) -> None:
+    """``--phases``: the spike train's bursts start on multiples of 300 s, which HPA's
+    15 s sync grid meets at phase 0 exactly as each burst begins (it sees none of
+    them at peak 10 with 0.5 s tasks); at other phases it does. The bar is read on the
+    medians, and a re-run with ``--baselines`` reuses HPA's phases."""
+    out = tmp_path / "phased"
+    args = ["--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
+            "--peaks", "10", "--services", "0.5", "--phases", "3"]
+    result = CliRunner().invoke(autoscale, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "suite.json").read_text())
+    assert doc["settings"]["phases"] == pytest.approx([0, 1 / 3, 2 / 3])
+    row = doc["rows"][0]
+    hpa = [r["replica_seconds"] for r in row["phases"]["hpa"]]
+    assert hpa[0] == next(r for r in row["results"] if r["policy"] == "hpa")["replica_seconds"]
+    assert len(set(hpa)) > 1  # where the grid falls matters here
+    assert row["medians"]["hpa"]["replica_seconds"] == sorted(hpa)[1]
+    ratio = row["medians"]["roost"]["replica_seconds"] / sorted(hpa)[1]
+    assert row["medians"]["roost_over_hpa"] == pytest.approx(ratio, abs=1e-4)
+    assert doc["summary"]["geomean_roost_over_hpa"] == pytest.approx(
+        (row["medians"]["roost_over_hpa"] * doc["rows"][1]["medians"]["roost_over_hpa"])
+        ** 0.5, abs=1e-4)
+    assert "Phases: roost and HPA each ran every point" in (out / "suite.md").read_text()
+
+    again = tmp_path / "again"
+    result = CliRunner().invoke(autoscale, [*args, "--out", str(again), "--baselines",
+                                            str(out / "suite.json")])
+    assert result.exit_code == 0, result.output
+    doc2 = json.loads((again / "suite.json").read_text())
+    assert [r["reused_phases"] for r in doc2["rows"]] == [["hpa"], ["hpa"]]
+    assert [r["medians"] for r in doc2["rows"]] == [r["medians"] for r in doc["rows"]]
+    bad = CliRunner().invoke(autoscale, [*args, "--phases", "0", "--out", str(again)])
+    assert bad.exit_code == 2 and "--phases" in bad.output

@@ -22,6 +22,7 @@ from roost.bench.suite import (
     geomeans,
     label_held_out,
     markdown,
+    phases,
     plot_curve,
     read_baselines,
     run_point,
@@ -38,7 +39,8 @@ MAX_REPLICAS = 5000
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               only: set[str] | None, peaks: set[float] | None = None,
               services: set[float] | None = None,
-              baselines: Path | None = None, held_out: bool = False) -> dict[str, Any]:
+              baselines: Path | None = None, held_out: bool = False,
+              phase_count: int = 1) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
@@ -65,6 +67,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
     for note in missing:
         console.print(f"[yellow]{note}[/]")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
+    at = phases(phase_count)
     rows = []
     total = sum(len(c.points) for c in todo)
     started = time.monotonic()
@@ -72,7 +75,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         mine = []
         for pt in c.points:
             t = time.monotonic()
-            row = run_point(c, pt, base,
+            row = run_point(c, pt, base, at=at,
                             baseline=kept.get((c.name, pt.peak, pt.startup, pt.service)))
             mine.append(row)
             rows.append(row)
@@ -90,7 +93,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
             "full": full, "peaks": sorted(peaks) if peaks else None,
             "services": sorted(services) if services else None,
-            "held_out": held_out,
+            "held_out": held_out, "phases": list(at),
         },
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
