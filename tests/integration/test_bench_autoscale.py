@@ -53,6 +53,20 @@ def test_quick_autoscale_on_worldcup98(source: str, tmp_path: Path) -> None:
     assert by["roost"]["tasks_killed"] == 0
     assert doc["roost_over_hpa_replica_seconds"] is not None
     assert out.with_suffix(".md").is_file() and out.with_suffix(".png").is_file()
+    assert doc["settings"]["phase"] == 0.0
+
+    # --phase: the same curve with every policy's tick grid shifted within its tick
+    shifted = tmp_path / "shifted.json"
+    result = CliRunner().invoke(autoscale, ["--data-dir", str(data), "--quick", "--phase",
+                                            "0.5", "--policy", "hpa", "--json", str(shifted)])
+    assert result.exit_code == 0, result.output
+    doc2 = json.loads(shifted.read_text())
+    assert doc2["settings"]["phase"] == 0.5
+    assert doc2["results"][0]["tasks"] == by["hpa"]["tasks"]
+    for bad in ("1", "-0.1", "half"):
+        refused = CliRunner().invoke(autoscale, ["--data-dir", str(data), "--quick",
+                                                 "--phase", bad])
+        assert refused.exit_code == 2 and "--phase" in refused.output, (bad, refused.output)
 
 
 def test_synthetic_step_demand_needs_no_data() -> None:

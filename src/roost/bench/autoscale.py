@@ -692,6 +692,10 @@ def _between(text: str) -> tuple[float, float]:
 @click.option("--slo-seconds", type=float, default=5.0, show_default=True,
               help="A minute meets the SLO when its tasks' p99 queue wait is at most this.")
 @click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--phase", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+              show_default=True,
+              help="Where every policy's tick grid falls against the demand: its first tick "
+              "at its interval x (1 + PHASE). (--suite --phases N runs N of them.)")
 @click.option("--json", "json_out", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="Write the results here (.md and .png beside it).")
 @click.option("--quick", is_flag=True,
@@ -737,7 +741,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               peak: float, minutes: int, start: int | None, service_mean: float,
               service_sigma: float, slots: int, target_per_replica: int, startup: float,
               interval: float, up_window: float, down_window: float,
-              small_pool_replicas: int, slo_seconds: float, seed: int,
+              small_pool_replicas: int, slo_seconds: float, seed: int, phase: float,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
               peaks: str | None, services: str | None, baselines: Path | None,
               held_out: bool, phase_count: int, out_dir: Path, trace: str | None,
@@ -777,7 +781,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
     settings = PlanSettings(scale_up_window=up_window, scale_down_window=down_window,
                             small_pool_replicas=small_pool_replicas)
     cfg = SimConfig(slots=slots, target_per_replica=target_per_replica, startup=startup,
-                    interval=interval, settings=settings, seed=seed)
+                    interval=interval, settings=settings, seed=seed, phase=phase)
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} tasks"), TimeElapsedColumn(),
@@ -801,7 +805,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
             "roost_scale_down_window": down_window,
             "roost_small_pool_replicas": small_pool_replicas, "hpa_sync": HPA_SYNC,
             "hpa_tolerance": HPA_TOLERANCE, "hpa_scale_down_stabilization": HPA_DOWN_WINDOW,
-            "seed": seed,
+            "seed": seed, "phase": phase,
         },
         "machine": machine(),
         "demand_per_minute": [round(r, 3) for r in rates],
