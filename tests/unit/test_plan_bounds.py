@@ -505,3 +505,62 @@ def test_the_room_is_not_shrunk_by_a_fall_of_the_service_time_within_its_noise()
     assert got.reserve == math.ceil(peak.rate * 30.0 - 1e-9) > math.ceil(peak.rate * 26.9)
     assert any("30s (its fall to 26.9s is within 2 standard errors)" in line
                for line in got.explain)
+
+
+RECURRING = (*[1.0] * 9, 12.0, *[1.0] * 9, 12.0, 1.0)
+ONCE = (*[1.0] * 19, 12.0, 1.0)
+
+
+def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0, drain_horizon=5.0,
+                small_pool_replicas=5)
+    # the reads show bursts that recur: observe() records when, and their ceiling
+    est = replace(_est(1.0), rates=_rates(*RECURRING)).observe(
+        Demand(0, 1, 1.0), None, NOW + 1, s)
+    peak = est.peak_rate(s)
+    assert peak is not None and peak.recurs and peak.ceiling == 12.0
+    assert est.recurred == (NOW + 1, 12.0)
+    # later the window holds one of the bursts: no recurrence of its own
+    once = replace(_est(1.0), rates=_rates(*ONCE))
+    own = size(Demand(0, 1, 1.0), once, replicas=2, target=1, s=s, now=NOW)
+    assert not own.recurs and own.reserve >= 6
+    # bursts recurred 100 s ago: a pool of 2 replicas of 1 s tasks (shorter than the
+    # 5 s wait aimed at) holds them as if they recur, no higher than the ceiling then
+    then = replace(once, recurred=(NOW - 100.0, 3.0))
+    got = size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s, now=NOW)
+    assert got.recurs and got.reserve == 3 and got.grows
+    assert any("but they did 100s ago" in line for line in got.explain)
+    # not beyond the headroom window, not for a pool of small_pool_replicas or more,
+    # not for tasks as long as the wait aimed at, not without a clock to tell
+    late = replace(once, recurred=(NOW - s.headroom_window - 1.0, 3.0))
+    assert not size(Demand(0, 1, 1.0), late, replicas=2, target=1, s=s, now=NOW).recurs
+    assert not size(Demand(0, 1, 1.0), then, replicas=5, target=1, s=s, now=NOW).recurs
+    long = replace(then, service=5.0)
+    assert not size(Demand(0, 5, 1.0), long, replicas=2, target=1, s=s, now=NOW).recurs
+    assert not size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s).recurs
+
+
+def test_a_small_pool_of_short_tasks_grows_to_the_room_while_bursts_recur() -> None:
+    s = replace(SETTINGS, headroom_sigmas=2.0, small_pool_replicas=5)
+    est = replace(Estimates(service=1.0, service_at=NOW), rates=_rates(*RECURRING))
+    hist = replace(held(1), estimates=est)
+    inputs = replace(pool(spec(target_per_replica=1), running=1, replicas=1),
+                     demand=Demand(0, 1, 1.0, 1.0))
+    room = size(Demand(0, 1, 1.0, 1.0),
+                est.observe(Demand(0, 1, 1.0, 1.0), inputs.infra, NOW, s),
+                replicas=1, target=1, s=s, now=NOW).reserve
+    assert room >= 3
+    p = run(snap(inputs), {"p": hist}, settings=s).pool("p")
+    assert p.desired_replicas == room and "grows to its room" in p.reason
+    assert [x for x in p.steps if isinstance(x, ScaleUp)]
+    # a pool of small_pool_replicas or more is held at the room, not grown to it
+    big = run(snap(inputs), {"p": hist}, settings=replace(s, small_pool_replicas=1))
+    assert big.pool("p").desired_replicas == 1
+    # so is a pool of tasks as long as the wait aimed at (5 s)
+    slow = replace(inputs, demand=Demand(0, 5, 1.0, 5.0))
+    long = run(snap(slow), {"p": replace(hist, estimates=replace(est, service=5.0))},
+               settings=s).pool("p")
+    assert long.desired_replicas == 1 and "scale-up window" in long.reason
+    # and bursts that do not recur grow nothing
+    calm = replace(hist, estimates=replace(est, rates=_rates(*ONCE)))
+    assert run(snap(inputs), {"p": calm}, settings=s).pool("p").desired_replicas == 1

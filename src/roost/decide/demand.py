@@ -78,9 +78,30 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   sized on (`room_service`) follows the estimate's rises at once and its falls only
   beyond ``headroom_sigmas`` standard errors of a mean of the completions read: with
   few completions (30 s tasks at 1/s) the estimate wanders by a tenth between bursts,
-  and the room held for the next burst must not wander down with it. It only stops a
-  scale-down: it never makes a pool grow. Bursts shorter than a start-up find room
-  instead of a shrunk pool; a step down is not held at its old level;
+  and the room held for the next burst must not wander down with it. It stops a
+  scale-down; it makes a pool grow only as below. Bursts shorter than a start-up find
+  room instead of a shrunk pool; a step down is not held at its old level;
+- **a small pool of short tasks**: below `PlanSettings.small_pool_replicas` (the size
+  below which one replica is a large share of the capacity), with a service time below
+  ``drain_horizon`` (the queue wait aimed at). The model spreads the backlog of short
+  tasks over the horizon (``left x service / horizon`` is a fraction of ``left``),
+  where tasks as long as the horizon have every queued task sized at once, so a burst
+  of short tasks is met by the room already there, or waited out in the queue; a
+  small pool has the least of either. For such a pool only:
+
+  - bursts that recurred are **held for one more headroom window** after they last
+    did (`Estimates.recurred`), with the room no higher than their second-highest
+    burst was then. The reads of the window show the bursts recur only while two of
+    them are in it: bursts a little more than half a window apart drop to one at
+    times, and the pool shrinks just before the next;
+  - the pool **grows to the room** while bursts recur (or are held as above): a
+    pool that kept up with the bursts at one replica, queueing a little, met the
+    next larger one with one (the Azure LLM hour at peak 10, minute 14).
+
+  Larger pools and longer tasks keep the rules above: both rules for every pool of
+  short tasks held WorldCup98's smooth decline at its level for a window (1.3 % more
+  replica-seconds, past 0.8x HPA's), grown pools of noisy demand went above HPA's,
+  and for 30 s tasks they put the Azure hour above HPA's;
 - ``short``: the pool is short of capacity now: ``overdue`` above 0, or, without a rate
   or a service time, any queued task. Only a pool short when it grows again soon after
   a scale-down counts as flapping (`roost.decide.plan`): a pool that keeps up with a
@@ -103,7 +124,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from roost.decide.snapshot import Demand, Infra, PlanSettings
 
@@ -210,6 +231,10 @@ class Estimates:
     turned_ready: bool = False
     """A replica turned ready since the pool was first read: the start-up has been
     seen (measured, or shorter than one read apart)."""
+    recurred: tuple[float, float] | None = None
+    """When the reads last showed bursts that recur, and the most room was held for
+    then (`Peak.ceiling`): a small pool of short tasks holds it one more headroom
+    window."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -244,7 +269,13 @@ class Estimates:
         room = self.room_service
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
-        return Estimates(service, service_at, startup, since, ready, rates, room, turned)
+        out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
+                        self.recurred)
+        peak = out.peak_rate(s)
+        if peak is not None and peak.recurs:
+            ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
+            out = replace(out, recurred=(now, ceiling))
+        return out
 
     def peak_rate(self, s: PlanSettings) -> Peak | None:
         """The arrival rate to hold capacity for (see `Peak`); None before two reads."""
@@ -289,15 +320,19 @@ class Sizing:
     """Every input and step, for /status."""
     reserve: int = 0
     """Tasks the pool keeps room for when it scales down (the headroom): it never
-    shrinks below them, and they never make it grow."""
+    shrinks below them, and they make it grow only where ``grows`` says so."""
     recurs: bool = False
-    """The arrival rate burst more than once over the headroom window."""
+    """The arrival rate burst more than once over the headroom window (or, for a small
+    pool of short tasks, did within the window before it)."""
     overdue: float = 0.0
     """Backlog the pool's replicas (starting ones included) will not clear before a new
     replica could start: waiting out the scale-up window would only let it grow."""
     short: bool = False
     """The pool is short of capacity now: ``overdue`` above 0, or, without the model (no
     rate or no service time), any queued task."""
+    grows: bool = False
+    """The room grows the pool, not only holds it: a small pool of short tasks, bursts
+    that recur (see the module docstring)."""
 
 
 def serving(est: Estimates, replicas: int, now: float | None, startup: float) -> float:
@@ -344,10 +379,19 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     if unseen:
         effective = max(effective, outstanding)
     peak = est.peak_rate(s)
+    small = service < s.drain_horizon and replicas < s.small_pool_replicas
+    recurs = peak is not None and peak.recurs
+    room_rate = peak.rate if peak is not None else 0.0
+    held_for = None  # seconds since bursts last recurred, while a small pool holds them
+    if (peak is not None and not recurs and small and est.recurred is not None
+            and now is not None and now - est.recurred[0] < s.headroom_window):
+        held_for, recurs = now - est.recurred[0], True
+        room_rate = min(room_rate, est.recurred[1])
     reserve = 0
     if peak is not None:
         room_s = est.room_service or service
-        reserve = math.ceil(peak.rate * room_s - 1e-9)
+        reserve = math.ceil(room_rate * room_s - 1e-9)
+    grows = recurs and small
     lines += [
         f"arrivals {rate:.3g}/s over {s.rate_window:g}s"
         + ("" if demand.arrival_peak is None else
@@ -378,15 +422,25 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s"
             + ("" if peak.ceiling is None or peak.ceiling >= peak.highest else
                f", second-highest burst {peak.ceiling:.3g}/s")
-            + f"; bursts {'recur' if peak.recurs else 'do not recur'}; hold room for "
+            + f"; bursts {'recur' if peak.recurs else 'do not recur'}"
+            + ("" if held_for is None or est.recurred is None else
+               f", but they did {held_for:.0f}s ago (within {s.headroom_window:g}s: a "
+               f"pool below {s.small_pool_replicas} replicas of tasks shorter than the "
+               f"{s.drain_horizon:g}s wait aimed at holds them one window more, no "
+               f"higher than their second-highest burst then, {est.recurred[1]:.3g}/s)")
+            + "; hold room for "
             f"min(mean + {s.headroom_sigmas:g} sd, "
             + ("highest" if peak.ceiling is None or peak.ceiling >= peak.highest else
                "second-highest burst")
-            + f") = {peak.rate:.3g}/s x service"
+            + ("" if held_for is None or est.recurred is None else
+               f", {est.recurred[1]:.3g}/s then")
+            + f") = {room_rate:.3g}/s x service"
             + ("" if room_s == service else
                f" {room_s:.3g}s (its fall to {service:.3g}s is within "
                f"{s.headroom_sigmas:g} standard errors)")
             + f" = {reserve} tasks")
-        lines.append(f"scale down no lower than the headroom: {reserve} tasks")
-    return Sizing(effective, tuple(lines), reserve, peak is not None and peak.recurs, left,
-                  left > 0)
+        lines.append(f"scale down no lower than the headroom: {reserve} tasks"
+                     + (f"; a pool below {s.small_pool_replicas} replicas of tasks shorter "
+                        f"than {s.drain_horizon:g}s grows to it while bursts recur"
+                        if grows else ""))
+    return Sizing(effective, tuple(lines), reserve, recurs, left, left > 0, grows)

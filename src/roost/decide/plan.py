@@ -16,7 +16,8 @@ The order of the rules, for each pool:
    queued + running; ``raw = ceil(tasks / target_per_replica)``;
 3. the scale-up window (the least demand seen over it must exceed current) and the
    scale-down stabilization window (the most demand seen over it must be below
-   current) *and* an empty queue;
+   current) *and* an empty queue; the headroom stops a scale-down of bursts that
+   recur, and grows a small pool of short tasks to it at once;
 4. min/max replicas, then the growth bound (at most ``max(growth_replicas,
    growth_percent %)`` more per growth period);
 5. growth capped by node memory/CPU headroom and the shared database budget;
@@ -220,6 +221,10 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
     up = hist.window(now, up_wait)
     wait = down_window(current, hist, now, s)
     down = hist.window(now, wait)
+    room = raw_desired(sizing.reserve, target) if sizing.grows else 0
+    if room > max(raw, current):
+        return room, f"headroom: bursts recur; a small pool of short tasks grows to its " \
+                     f"room of {sizing.reserve} tasks"
     if raw > current == 0:
         return raw, "scale from zero: no window (an idle pool has no capacity to wait with)"
     if raw > current:
