@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import pytest
 from nats.js.kv import KeyValue
@@ -15,6 +14,7 @@ from nats.js.kv import KeyValue
 from roost.bus.connect import NoDirectGet, connect, follow_bucket, key_value, last_values
 from roost.bus.contents import read_contents
 from roost.embedded import NatsServer
+from tests.bus_marks import MarkFirst
 
 
 async def test_a_bucket_deleted_and_created_again_is_followed_at_once(
@@ -77,33 +77,6 @@ async def test_last_values_reads_one_prefix_without_a_consumer(
         await nc.close()
 
 
-class MarkFirst:
-    """``kv.watch`` made to put nats-py's end-of-contents mark before ``count`` items
-    that have already come (the entries and nats-py's own mark), which follow 0.3 s
-    later: the race a loaded CI host showed, made here on purpose."""
-
-    def __init__(self, kv: KeyValue, count: int) -> None:
-        self.watch, self.count = kv.watch, count
-        self.late: list[asyncio.Task[None]] = []
-        kv.watch = self  # type: ignore[method-assign]
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> KeyValue.KeyWatcher:
-        watcher = await self.watch(*args, **kwargs)
-        updates: asyncio.Queue[KeyValue.Entry | None] = watcher._updates
-        held: list[KeyValue.Entry | None] = []
-        while len(held) < self.count:
-            held.append(await asyncio.wait_for(updates.get(), 5))
-        updates.put_nowait(None)  # the mark first, the entries still on their way
-
-        async def arrive() -> None:
-            await asyncio.sleep(0.3)
-            for item in held:
-                updates.put_nowait(item)
-
-        self.late.append(asyncio.create_task(arrive()))
-        return watcher
-
-
 async def test_a_mirror_is_synced_only_once_the_delivered_entries_are_in(
         nats_server: NatsServer) -> None:
     """A mirror synced at an early mark would hold nothing."""
@@ -111,7 +84,7 @@ async def test_a_mirror_is_synced_only_once_the_delivered_entries_are_in(
     kv = await key_value(nc, "early_mark")
     for i in range(5):
         await kv.put(f"k{i}", b"x")
-    early = MarkFirst(kv, 6)  # the five entries and nats-py's own mark
+    early = MarkFirst(6).on(kv)  # the five entries and nats-py's own mark
     seen: list[str] = []
     synced = asyncio.Event()
     follower = asyncio.create_task(follow_bucket(
@@ -137,7 +110,7 @@ async def test_a_read_of_one_prefix_takes_its_whole_contents_past_an_early_mark(
     await kv.put("node-2.i-c", b"other node")
     await kv.delete("node-1.i-b")  # the prefix's newest entry
     await kv.put("node-2.i-d", b"other node, later")
-    early = MarkFirst(kv, 3)  # i-a, i-b's delete marker, nats-py's own mark
+    early = MarkFirst(3).on(kv)  # i-a, i-b's delete marker, nats-py's own mark
     seen: list[tuple[str, str | None]] = []
     watcher = await kv.watch("node-1.>")
     try:

@@ -336,6 +336,14 @@ def bar_figures(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], fl
     return by["roost"], by["hpa"], row["roost_over_hpa"]
 
 
+def ratio_text(row: dict[str, Any]) -> str:
+    """roost/hpa for a label: the one run's, or with phases phase 0's (what a plot of
+    its replicas shows) and the medians' (what the bar reads)."""
+    if "medians" in row:
+        return f"{row['roost_over_hpa']} at phase 0, {row['medians']['roost_over_hpa']} median"
+    return str(row["roost_over_hpa"])
+
+
 def verdict(row: dict[str, Any]) -> list[str]:
     """The issue's per-curve bar, as the misses (empty: met)."""
     roost, hpa, ratio = bar_figures(row)
@@ -415,7 +423,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def geomeans(s: dict[str, Any]) -> str:
     """A summary's geometric means, overall and for each kind of point the run has."""
-    parts = [f"{s['geomean_roost_over_hpa']:.3f} overall"]
+    overall = s["geomean_roost_over_hpa"]
+    parts = [f"{overall:.3f} overall" if overall is not None else "- overall (no point)"]
     for key, what in (("geomean_tuning", "on the tuning set"), ("geomean_held_out", "held out")):
         if s.get(key) is not None:
             parts.append(f"{s[key]:.3f} {what}")
@@ -491,7 +500,7 @@ def plot_curve(path: Path, rows: Sequence[dict[str, Any]], *, title: str) -> Non
         ax.set_zorder(ax2.get_zorder() + 1)
         ax.patch.set_visible(False)
         ax.set_title(f"{row['peak']:g}/s, start-up {row['startup']:g}s, service "
-                     f"{row['service_mean']:g}s: roost/hpa {row['roost_over_hpa']}", fontsize=8)
+                     f"{row['service_mean']:g}s: roost/hpa {ratio_text(row)}", fontsize=8)
         ax.set_ylabel("replicas", fontsize=7)
         ax.tick_params(labelsize=7)
         ax2.tick_params(labelsize=7)

@@ -24,6 +24,7 @@ from roost.bench.suite import (
     markdown,
     phases,
     plot_curve,
+    ratio_text,
     read_baselines,
     run_point,
     summary,
@@ -80,7 +81,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             mine.append(row)
             rows.append(row)
             console.print(f"[{len(rows)}/{total}] {c.name} ({c.kind}), {pt.label}: roost/hpa "
-                          f"{row['roost_over_hpa']} ({time.monotonic() - t:.0f}s)")
+                          f"{ratio_text(row)} ({time.monotonic() - t:.0f}s)")
         plot_curve(out_dir / f"{c.name}.png", mine, title=f"{c.name} ({c.kind}, {c.resolution})")
     spec = PoolSpec("bench", 1, MAX_REPLICAS, base.target_per_replica, 500, 512, 1)
     doc: dict[str, Any] = {

@@ -90,9 +90,12 @@ async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]
     """Every record in the bucket that names ``node_id``, read through one watch to the
     end of its contents (`roost.bus.contents`: nats-py's own end-of-contents mark can
     come before every entry); TimeoutError when that takes over ``READ_TIMEOUT``."""
-    out = []
+    out: dict[str, s.InstanceRecord] = {}
 
     def take(entry: KeyValue.Entry) -> None:
+        # The read goes on past the mark, so a key can come again (a newer record, or
+        # its delete or purge marker): the last word on each key stands.
+        out.pop(entry.key, None)
         if entry.operation is not None or not entry.value:
             return  # a delete or purge marker
         try:
@@ -100,7 +103,7 @@ async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         if rec.node_id == node_id:
-            out.append(rec)
+            out[entry.key] = rec
 
     watcher = await records.watchall()
     try:
@@ -110,4 +113,4 @@ async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]
             f"the records bucket was not read within {READ_TIMEOUT:g} s") from None
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
-    return out
+    return list(out.values())
