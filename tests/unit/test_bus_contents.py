@@ -14,18 +14,19 @@ from roost.bus.contents import Contents, WatchEnded, read_items
 from roost.bus.failures import BUS_DOWN
 
 
-def entry(key: str, seq: int, op: str | None = None) -> KeyValue.Entry:
-    return KeyValue.Entry(bucket="b", key=key, value=b"v", revision=seq, delta=None,
+def entry(key: str, seq: int, op: str | None = None, delta: int | None = None
+          ) -> KeyValue.Entry:
+    return KeyValue.Entry(bucket="b", key=key, value=b"v", revision=seq, delta=delta,
                           created=None, operation=op)
 
 
 class Consumer:
     """What the consumer says it delivered by the mark, and how often it was asked."""
 
-    def __init__(self, seq: int) -> None:
+    def __init__(self, seq: int | None) -> None:
         self.seq, self.asked = seq, 0
 
-    async def delivered(self) -> int:
+    async def delivered(self) -> int | None:
         self.asked += 1
         return self.seq
 
@@ -96,3 +97,17 @@ async def test_later_marks_ask_nothing_more() -> None:
     assert not await contents.see(None)
     assert await contents.see(entry("k1", 7))
     assert contents.target == 7
+
+
+async def test_an_entry_with_nothing_pending_after_it_ends_the_read() -> None:
+    """A consumer made anew after a reset has delivered nothing at the mark but has
+    entries pending (`delivered_seq` says None): the read waits for the entry sent with
+    nothing pending after it, not for a sequence."""
+    seen: list[str] = []
+    contents = Contents(Consumer(None).delivered)
+    await read_items(items(None, entry("k0", 4, delta=1), entry("k1", 9, delta=0),
+                           entry("later", 12, delta=0)),
+                     lambda e: seen.append(e.key), contents, timeout=5)
+    assert seen == ["k0", "k1"] and contents.target is None
+    # the same entry ends it before the mark too (the mark may come after it)
+    assert await Contents(Consumer(99).delivered).see(entry("k0", 4, delta=0))

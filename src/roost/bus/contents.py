@@ -9,7 +9,9 @@ that stops at the mark holds nothing (seen as a mirror synced empty, and as `roo
 forget` marking "0 instances" of a node that held 30).
 
 So on the mark the consumer is asked which stream sequence it had delivered, and the
-contents are in once an entry at or past that sequence has come. Every caller that
+contents are in once an entry at or past that sequence has come, or an entry the
+consumer sent with nothing pending after it (its ``delta``, the consumer's pending
+count, is 0: the rule nats-py's own mark follows, minus the race). Every caller that
 needs "the current contents" goes through `Contents`: the gateway's mirrors
 (`follow_bucket`), `roost node forget` and a node's read of its orders.
 """
@@ -29,15 +31,20 @@ class WatchEnded(nats.errors.Error):
     """The watch was stopped (its subscription closed) before its contents were in."""
 
 
-async def delivered_seq(watcher: KeyValue.KeyWatcher) -> int:
+async def delivered_seq(watcher: KeyValue.KeyWatcher) -> int | None:
     """The stream sequence the watch's consumer has delivered last; 0 when it has
-    delivered nothing (its start position need not be an entry this watch will ever
-    see: a filter)."""
+    delivered nothing and has nothing pending (its start position need not be an entry
+    this watch will ever see: a filter); None when it has delivered nothing yet but
+    has entries pending (nats-py made it anew after a reset, from where it was: the
+    entries to come say when they are all in)."""
     sub = watcher._sub  # nats-py keeps the watch's subscription private
     if sub is None:
         return 0
-    sent = (await sub.consumer_info()).delivered
-    return sent.stream_seq if sent is not None and sent.consumer_seq else 0
+    info = await sub.consumer_info()
+    sent = info.delivered
+    if sent is not None and sent.consumer_seq:
+        return int(sent.stream_seq or 0)
+    return None if info.num_pending else 0
 
 
 class Contents:
@@ -46,21 +53,27 @@ class Contents:
     Feed it every item the watch yields, the mark and delete markers included
     (`see`); it asks ``delivered`` once, at the first mark."""
 
-    def __init__(self, delivered: Callable[[], Awaitable[int]]) -> None:
+    def __init__(self, delivered: Callable[[], Awaitable[int | None]]) -> None:
         self._delivered = delivered
+        self._asked = False
         self.target: int | None = None
-        """The stream sequence to reach; None until the mark."""
+        """The stream sequence to reach; None until the mark (or when the consumer
+        could not say: `delivered_seq`)."""
         self.reached = 0
         """The highest stream sequence seen so far."""
+        self.drained = False
+        """An entry came with nothing pending after it."""
 
     async def see(self, item: Entry | None) -> bool:
         """Take one item of the watch; whether the contents are all in now."""
         if item is None:
-            if self.target is None:
+            if not self._asked:
+                self._asked = True
                 self.target = await self._delivered()
         else:
             self.reached = max(self.reached, item.revision or 0)
-        return self.target is not None and self.reached >= self.target
+            self.drained = self.drained or item.delta == 0
+        return self.drained or (self.target is not None and self.reached >= self.target)
 
 
 async def read_contents(watcher: KeyValue.KeyWatcher, take: Callable[[Entry], None], *,
