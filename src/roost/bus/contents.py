@@ -82,7 +82,7 @@ async def read_contents(watcher: KeyValue.KeyWatcher, take: Callable[[Entry], No
     markers included (a watch made with ``ignore_deletes`` could withhold the very entry
     the read waits for). TimeoutError when they are not all in within ``timeout``
     seconds, `WatchEnded` when the watch ends first (both are failures of the bus,
-`roost.bus.failures.BUS_DOWN`)."""
+    `roost.bus.failures.BUS_DOWN`)."""
     await read_items(watcher, take, Contents(lambda: delivered_seq(watcher)),
                      timeout=timeout)
 
