@@ -273,14 +273,12 @@ def run_point(curve: Curve, pt: Point, base: SimConfig, *,
         old = baseline.get("phases")
         if old is not None and old["at"] == list(at):
             kept_phases = {k: v for k, v in old.items() if k in BASELINES}
-    results = {}
-    for name in policies:
-        if name in kept:
-            results[name] = kept[name]
-            continue
-        first = replace(cfg, phase=at[0])
-        results[name] = measure(work, simulate(work, make_policy(name, first), first), name,
-                                SLO_SECONDS)
+
+    def run(name: str, phase: float) -> dict[str, Any]:
+        here = replace(cfg, phase=phase)
+        return measure(work, simulate(work, make_policy(name, here), here), name, SLO_SECONDS)
+
+    results = {name: kept[name] if name in kept else run(name, at[0]) for name in policies}
     hpa = results.get("hpa", {}).get("replica_seconds")
     ratio = (results["roost"]["replica_seconds"] / hpa) if hpa and "roost" in results else None
     row = {
@@ -298,13 +296,8 @@ def run_point(curve: Curve, pt: Point, base: SimConfig, *,
             if name in kept_phases:
                 by_phase[name] = kept_phases[name]
                 continue
-            runs = [{k: results[name][k] for k in KEPT}]
-            for phase in at[1:]:
-                here = replace(cfg, phase=phase)
-                r = measure(work, simulate(work, make_policy(name, here), here), name,
-                            SLO_SECONDS)
-                runs.append({k: r[k] for k in KEPT})
-            by_phase[name] = runs
+            runs = [results[name], *(run(name, phase) for phase in at[1:])]
+            by_phase[name] = [{k: r[k] for k in KEPT} for r in runs]
         row["phases"] = by_phase
         row["medians"] = medians(by_phase)
         row["reused_phases"] = sorted(kept_phases)
@@ -403,13 +396,14 @@ HEADER = ["curve", "peak/s", "start-up s", "service s", "roost replica-s", "hpa 
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [(r, bar_figures(r)[2]) for r in rows]
+
     def gm(kind: str | None) -> float | None:
         """The geometric mean over ``kind``'s points (all: None); None without any (JSON
         has no NaN)."""
-        ratios = [(r, bar_figures(r)[2]) for r in rows]
         mean = geomean([x for r, x in ratios if x is not None and kind in (None, r["kind"])])
         return None if math.isnan(mean) else round(mean, 4)
-    wc = [bar_figures(r)[2] for r in rows if r["curve"].startswith("worldcup98")]
+    wc = [x for r, x in ratios if r["curve"].startswith("worldcup98")]
     return {
         "points": len(rows),
         "met": sum(1 for r in rows if not verdict(r)),
@@ -417,7 +411,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "geomean_tuning": gm(TUNING),
         "geomean_held_out": gm(HELD_OUT),
         "worldcup98_roost_over_hpa": wc,
-        "max_roost_over_hpa": max((bar_figures(r)[2] or 0.0) for r in rows) if rows else None,
+        "max_roost_over_hpa": max((x or 0.0) for _, x in ratios) if rows else None,
     }
 
 
