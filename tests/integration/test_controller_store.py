@@ -67,9 +67,27 @@ async def test_rates_read_the_busiest_five_seconds_since_the_previous_read(db: A
             "INSERT INTO tasks (pool_id, status, created_at) SELECT 'a', 'queued', "
             "now() - make_interval(secs => $2) FROM generate_series(1, $1)", n, ago)
     recent = await runtime.read_rates(db, 30.0, grain=5.0, span=10.0)
-    assert recent["a"] == (32 / 30, None, 12 / 5)
+    assert recent["a"] == (32 / 30, None, 0, 12 / 5)
     whole = await runtime.read_rates(db, 30.0, grain=5.0, span=30.0)
-    assert whole["a"][2] == 20 / 5
+    assert whole["a"][3] == 20 / 5
+
+
+async def test_rates_read_the_mean_run_time_and_how_many_completed(db: Any) -> None:
+    """The service time is the mean of the tasks done within the window, and the count
+    says how many it is the mean of (failed tasks and ones done before the window are
+    not in it)."""
+    await pools_q.create_pool(db, pool_spec("a"))
+    for status, ran, ended in (("done", 2.0, 10.0), ("done", 4.0, 12.0), ("done", 9.0, 5.0),
+                               ("failed", 1.0, 5.0), ("done", 50.0, 40.0)):
+        await db.execute(
+            "INSERT INTO tasks (pool_id, status, created_at, started_at, finished_at) "
+            "VALUES ('a', $1, now() - make_interval(secs => $2::float8 + $3 + 100), "
+            "now() - make_interval(secs => $2::float8 + $3), "
+            "now() - make_interval(secs => $3::float8))",
+            status, ran, ended)
+    rate, service, completed, _ = (await runtime.read_rates(db, 30.0, grain=5.0, span=30.0))["a"]
+    assert (rate, completed) == (0.0, 3)
+    assert service == pytest.approx(5.0)
 
 
 async def test_pool_validation_and_updates(db: Any) -> None:

@@ -564,3 +564,29 @@ def test_a_small_pool_of_short_tasks_grows_to_the_room_while_bursts_recur() -> N
     # and bursts that do not recur grow nothing
     calm = replace(hist, estimates=replace(est, rates=_rates(*ONCE)))
     assert run(snap(inputs), {"p": calm}, settings=s).pool("p").desired_replicas == 1
+
+
+def test_the_service_time_weighs_each_read_by_its_completions() -> None:
+    """After a burst of 30 s tasks, the few still finishing are the longest: a read of
+    3 of them at 90 s barely moves a mean read from 600 completions, while a plain
+    moving average would move a sixth of the way there (1 - e^(-10/60))."""
+    s = replace(S, service_smoothing=60.0)
+    burst = _est(None).observe(Demand(0, 0, 0.0, 30.0, completed=600), None, NOW, s)
+    assert burst.service == 30.0 and burst.service_weight == 600
+    tail = burst.observe(Demand(0, 3, 0.0, 90.0, completed=3), None, NOW + 10, s)
+    assert tail.service is not None and 30.0 < tail.service < 30.5
+    plain = 30.0 + (1 - math.exp(-10 / 60)) * (90.0 - 30.0)
+    assert plain > 39.0
+    # with as many completions in each read the weights are alike: a plain moving
+    # average once the weight has built up (and the read itself without smoothing)
+    steady = _est(None)
+    for k in range(60):
+        steady = steady.observe(Demand(0, 10, 1.0, 30.0, completed=30), None, NOW + 10 * k, s)
+    moved = steady.observe(Demand(0, 10, 1.0, 36.0, completed=30), None, NOW + 600, s)
+    assert moved.service == pytest.approx(30.0 + (1 - math.exp(-10 / 60)) * 6.0, rel=1e-3)
+    none = replace(s, service_smoothing=0.0)
+    assert tail.observe(Demand(0, 3, 0.0, 90.0, completed=3), None, NOW + 20,
+                        none).service == 90.0
+    # the weight fades with time: a read long after the burst counts nearly in full
+    late = burst.observe(Demand(0, 3, 0.0, 90.0, completed=3), None, NOW + 1200, s)
+    assert late.service is not None and late.service > 89.0

@@ -268,9 +268,10 @@ class Pool:
         return len(self.queue), running
 
     def rates(self, window: float, grain: float, span: float
-              ) -> tuple[float, float | None, float]:
+              ) -> tuple[float, float | None, int, float]:
         """What the controller's queries read: tasks created per second over the last
-        ``window`` seconds, the mean run time of the tasks completed in it, and the most
+        ``window`` seconds, the mean run time of the tasks completed in it and how many
+        they are, and the most
         tasks created in any ``grain`` seconds of the last ``span`` (since the previous
         read; buckets aligned to the epoch, as the database's), per second."""
         arrivals = self.work.arrivals
@@ -285,7 +286,7 @@ class Pool:
         if hi > since:
             buckets = np.floor((EPOCH + arrivals[since:hi]) / grain).astype(np.int64)
             peak = float(np.bincount(buckets - buckets[0]).max()) / grain
-        return (hi - lo) / window, service, peak
+        return (hi - lo) / window, service, len(self.completions), peak
 
     def _record(self, before: int, after: int) -> None:
         if after != before:
@@ -385,9 +386,10 @@ class RoostPolicy:
         infra = Infra(pool.target, instances, (self.node,), now)
         db = DbHealth(max_connections=100_000, reserved_connections=3, sync_peers=0,
                       in_recovery=False, observed_at=now)
-        rate, service, peak = pool.rates(self.settings.rate_window, self.settings.peak_grain,
-                                         min(self.interval, self.settings.rate_window))
-        inputs = PoolInputs(self.spec, Demand(queued, running, rate, service, peak),
+        rate, service, done, peak = pool.rates(
+            self.settings.rate_window, self.settings.peak_grain,
+            min(self.interval, self.settings.rate_window))
+        inputs = PoolInputs(self.spec, Demand(queued, running, rate, service, peak, done),
                             tuple(views), infra)
         return Snapshot((inputs,), db, now)
 

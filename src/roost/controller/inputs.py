@@ -84,8 +84,9 @@ async def _with_rates(conn: Any, demand: dict[str, Demand], reads: RateReads,
         return demand
     out = {}
     for pool, d in demand.items():
-        rate, service, peak = rates.get(pool, (0.0, None, 0.0))
-        out[pool] = replace(d, arrival_rate=rate, service_time=service, arrival_peak=peak)
+        rate, service, completed, peak = rates.get(pool, (0.0, None, 0, 0.0))
+        out[pool] = replace(d, arrival_rate=rate, service_time=service, completed=completed,
+                            arrival_peak=peak)
     return out
 
 

@@ -114,7 +114,8 @@ service time (a new pool, or a controller that could not read them) the model fa
 back to ``queued + running``.
 
 Estimates the model carries from tick to tick (`Estimates`, kept in the plan's history):
-the service time's moving average, the replica start-up time, measured from the
+the service time's moving average (each read weighed by the completions it had:
+`smooth_service`), the replica start-up time, measured from the
 orchestrator's view (a replica slot seen not ready is timed until a replica turns
 ready), the burst rates read over the headroom window, and the service time the
 headroom is sized on.
@@ -192,6 +193,26 @@ def room_service(held: float | None, service: float, rate: float | None,
     return held
 
 
+def smooth_service(service: float | None, weight: float, at: float | None, mean: float,
+                   count: int | None, now: float, s: PlanSettings) -> tuple[float, float]:
+    """The service time's moving average, and the weight behind it, after a read of
+    ``count`` completions whose mean run time is ``mean`` (``count`` None: one).
+
+    Each read weighs as many completions as it had, and earlier ones fade with time
+    constant `PlanSettings.service_smoothing`. Weighing reads alike would let a few
+    completions move it as far as a thousand: after a burst of long tasks the last to
+    finish are the longest (the short ones finished first), so a read of the few left
+    runs well above the mean, and one at the burst's start well below it. With a
+    steady count per read this is a plain exponential moving average."""
+    n = float(count) if count is not None else 1.0
+    fade = math.exp(-max(0.0, now - at) / s.service_smoothing) \
+        if at is not None and s.service_smoothing > 0 else 0.0
+    total = weight * fade + n
+    if service is None or total <= 0:
+        return mean, n
+    return service + n / total * (mean - service), total
+
+
 @dataclass(frozen=True, slots=True)
 class Peak:
     """The short-horizon peak of the arrival rate: ``min(mean + headroom_sigmas x sd,
@@ -235,17 +256,16 @@ class Estimates:
     """When the reads last showed bursts that recur, and the most room was held for
     then (`Peak.ceiling`): a small pool of short tasks holds it one more headroom
     window."""
+    service_weight: float = 0.0
+    """The completions behind ``service``, each weighed down by its age
+    (`smooth_service`)."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
-        service, service_at = self.service, self.service_at
+        service, service_at, weight = self.service, self.service_at, self.service_weight
         if demand is not None and demand.service_time is not None and demand.service_time > 0:
-            if service is None or service_at is None:
-                service = demand.service_time
-            else:
-                a = 1.0 - math.exp(-max(0.0, now - service_at) / s.service_smoothing) \
-                    if s.service_smoothing > 0 else 1.0
-                service = service + a * (demand.service_time - service)
+            service, weight = smooth_service(service, weight, service_at, demand.service_time,
+                                             demand.completed, now, s)
             service_at = now
         startup, since, ready = self.startup, self.starting_since, self.ready
         turned = self.turned_ready
@@ -270,7 +290,7 @@ class Estimates:
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
         out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
-                        self.recurred)
+                        self.recurred, weight)
         peak = out.peak_rate(s)
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest

@@ -84,6 +84,9 @@ class Demand:
     previous read, not over the rate window: each burst then counts in one read, so
     the reads sample the rate over time (overlapping windows would count a 10 s burst
     three times and hold room for it as if it were three times as frequent)."""
+    completed: int | None = None
+    """How many tasks ``service_time`` is the mean of; None when not read (each read
+    then weighs as one)."""
 
     @property
     def outstanding(self) -> int:

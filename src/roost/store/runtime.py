@@ -25,7 +25,9 @@ SELECT pool_id,
        count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)) AS created,
        avg(extract(epoch FROM finished_at - started_at))
            FILTER (WHERE finished_at > now() - make_interval(secs => $1)
-                   AND status = 'done' AND started_at IS NOT NULL) AS service
+                   AND status = 'done' AND started_at IS NOT NULL) AS service,
+       count(*) FILTER (WHERE finished_at > now() - make_interval(secs => $1)
+                        AND status = 'done' AND started_at IS NOT NULL) AS completed
 FROM tasks
 WHERE created_at > now() - make_interval(secs => $1)
    OR finished_at > now() - make_interval(secs => $1)
@@ -45,18 +47,19 @@ GROUP BY pool_id
 
 async def read_rates(conn: Any, window: float, *, grain: float, span: float,
                      timeout: float | None = None
-                     ) -> dict[str, tuple[float, float | None, float]]:
+                     ) -> dict[str, tuple[float, float | None, int, float]]:
     """Per pool: tasks created per second over the last ``window`` seconds (on the
-    database's clock), the mean run time of the tasks completed in it (None if none),
-    and the most tasks created in any ``grain`` seconds (buckets aligned to the epoch)
-    of the last ``span`` seconds, per second. A pool with no task in the window is
-    absent: its rates are 0."""
+    database's clock), the mean run time of the tasks completed in it (None if none)
+    and how many they are, and the most tasks created in any ``grain`` seconds
+    (buckets aligned to the epoch) of the last ``span`` seconds, per second. A pool
+    with no task in the window is absent: its rates are 0."""
     rows = await conn.fetch(_RATES, float(window), timeout=timeout)
     peaks = {str(r["pool_id"]): int(r["peak"]) / grain
              for r in await conn.fetch(_PEAKS, float(span), float(grain), timeout=timeout)}
     return {
         str(r["pool_id"]): (int(r["created"]) / window,
                             None if r["service"] is None else float(r["service"]),
+                            int(r["completed"]),
                             peaks.get(str(r["pool_id"]), 0.0))
         for r in rows
     }
