@@ -577,6 +577,10 @@ def test_the_service_time_weighs_each_read_by_its_completions() -> None:
     assert tail.service is not None and 30.0 < tail.service < 30.5
     plain = 30.0 + (1 - math.exp(-10 / 60)) * (90.0 - 30.0)
     assert plain > 39.0
+    # /status shows the weight behind the figure: 600 faded by e^(-10/60), plus 3
+    got = size(Demand(0, 3, 0.0, 90.0, completed=3), tail, replicas=10, target=3, s=s)
+    assert any("(weight 511: the completions read, fading over 60s)" in line
+               for line in got.explain)
     # with as many completions in each read the weights are alike: a plain moving
     # average once the weight has built up (and the read itself without smoothing)
     steady = _est(None)

@@ -416,8 +416,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"arrivals {rate:.3g}/s over {s.rate_window:g}s"
         + ("" if demand.arrival_peak is None else
            f" (busiest {s.peak_grain:g}s: {demand.arrival_peak:.3g}/s)")
-        + f", service {service:.3g}s, "
-        f"start-up {startup:.3g}s ({known})",
+        + f", service {service:.3g}s (weight {est.service_weight:.0f}: the completions "
+        f"read, fading over {s.service_smoothing:g}s), start-up {startup:.3g}s ({known})",
         (f"in service: running {x} is within {s.headroom_sigmas:g} sd of arrivals x service "
          f"= {steady:.3g}: read as their inverse-variance mean = {busy:.3g}" if agree else
          f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "
