@@ -524,12 +524,20 @@ def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more(
     once = replace(_est(1.0), rates=_rates(*ONCE))
     own = size(Demand(0, 1, 1.0), once, replicas=2, target=1, s=s, now=NOW)
     assert not own.recurs and own.reserve >= 6
+    # /status says the room is not held then (the plan holds it only while the pool
+    # flaps), not that a scale-down stops at it
+    assert any(f"no room held for bursts that do not recur: a scale-down keeps the "
+               f"headroom's {own.reserve} tasks only while the pool flaps" in line
+               for line in own.explain)
+    assert not any("scale down no lower" in line for line in own.explain)
     # bursts recurred 100 s ago: a pool of 2 replicas of 1 s tasks (shorter than the
     # 5 s wait aimed at) holds them as if they recur, no higher than the ceiling then
     then = replace(once, recurred=(NOW - 100.0, 3.0))
     got = size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s, now=NOW)
     assert got.recurs and got.reserve == 3 and got.grows
     assert any("but they did 100s ago" in line for line in got.explain)
+    assert any(line.startswith("scale down no lower than the headroom: 3 tasks; a pool")
+               for line in got.explain)
     # not beyond the headroom window, not for a pool of small_pool_replicas or more,
     # not for tasks as long as the wait aimed at, not without a clock to tell
     late = replace(once, recurred=(NOW - s.headroom_window - 1.0, 3.0))

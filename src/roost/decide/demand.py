@@ -462,5 +462,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         lines.append(f"scale down no lower than the headroom: {reserve} tasks"
                      + (f"; a pool below {s.small_pool_replicas} replicas of tasks shorter "
                         f"than {s.drain_horizon:g}s grows to it while bursts recur"
-                        if grows else ""))
+                        if grows else "")
+                     if recurs else
+                     f"no room held for bursts that do not recur: a scale-down keeps the "
+                     f"headroom's {reserve} tasks only while the pool flaps")
     return Sizing(effective, tuple(lines), reserve, recurs, left, left > 0, grows)
