@@ -271,9 +271,9 @@ class Pool:
               ) -> tuple[float, float | None, int, float]:
         """What the controller's queries read: tasks created per second over the last
         ``window`` seconds, the mean run time of the tasks completed in it and how many
-        they are, and the most
-        tasks created in any ``grain`` seconds of the last ``span`` (since the previous
-        read; buckets aligned to the epoch, as the database's), per second."""
+        they are, and the most tasks created in any ``grain`` seconds of the last
+        ``span`` (since the previous read; buckets aligned to the epoch, as the
+        database's), per second."""
         arrivals = self.work.arrivals
         lo = int(np.searchsorted(arrivals, self.now - window, side="right"))
         hi = int(np.searchsorted(arrivals, self.now, side="right"))
