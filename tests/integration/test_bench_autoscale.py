@@ -207,6 +207,30 @@ def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> Non
     assert "load = max(arrivals x service, in service)" in result.output
     assert "step-up-10x peak 10/s, start-up 10s, service 0.2s, seed 42: SLO minutes " \
         in result.output and "killed 0" in result.output
+    # then the minutes that missed the SLO, roost's and HPA's (none on this point)
+    assert "roost: minutes whose p99 wait is above 5s (minute, p99): none" in result.output
+    assert re.search(r"hpa: minutes whose p99 wait is above 5s \(minute, p99\): none; "
+                     r"replica-seconds \d+", result.output), result.output
+    # --phase moves the tick grid: the first tick at 10 s x 1.5, then every 10 s
+    phased = CliRunner().invoke(autoscale, [
+        "--data-dir", str(tmp_path / "none"), "--trace", "step-up-10x:10:10:0.2",
+        "--trace-between", "100:150", "--phase", "0.5"])
+    assert phased.exit_code == 0, phased.output
+    assert [int(re.match(r"t=\s*(\d+)s", line)[1])  # type: ignore[index]
+            for line in phased.output.splitlines() if line.startswith("t=")] == [
+        105, 115, 125, 135, 145]
+    assert "service 0.2s, seed 42, phase 0.5: SLO minutes" in phased.output
+    # a point with misses lists each minute with its p99 wait, every one above the SLO
+    spiky = CliRunner().invoke(autoscale, [
+        "--data-dir", str(tmp_path / "none"), "--trace", "spike-train:100:10:0.2",
+        "--trace-between", "0:0"])
+    assert spiky.exit_code == 0, spiky.output
+    for who in ("roost", "hpa"):
+        line = next(x for x in spiky.output.splitlines() if x.startswith(f"{who}: minutes"))
+        listed = re.findall(r"(\d+) \((\d+\.\d)s\)", line.split("(minute, p99): ")[1])
+        assert listed and all(float(p99) > 5.0 for _, p99 in listed), line
+        assert len({m for m, _ in listed}) == len(listed) and all(
+            0 <= int(m) < 60 for m, _ in listed), line
     for args, code, text in (
             (["--trace", "step-up-10x:10:10"], 2, "curve:peak:startup:service"),
             (["--trace", "step-up-10x:0:10:0.2"], 2, "must be above 0"),

@@ -533,6 +533,20 @@ def _reversals(actions: Sequence[int]) -> int:
     return sum(1 for a, b in itertools.pairwise(actions) if a != b)
 
 
+def minute_p99s(work: Workload, pool: Pool) -> list[tuple[int, float]]:
+    """``(minute, p99 queue wait)`` of every minute in which a task arrived."""
+    waits = pool.started - work.arrivals
+    if not len(waits):
+        return []
+    minutes = (work.arrivals // 60).astype(np.int64)
+    order = np.argsort(minutes, kind="stable")
+    m_sorted, w_sorted = minutes[order], waits[order]
+    bounds = np.flatnonzero(np.diff(m_sorted)) + 1
+    return [(int(m[0]), float(np.percentile(w, 99)))
+            for m, w in zip(np.split(m_sorted, bounds), np.split(w_sorted, bounds),
+                            strict=True)]
+
+
 def measure(work: Workload, pool: Pool, policy: str, slo_seconds: float) -> dict[str, Any]:
     """The JSON figures of one policy.
 
@@ -542,16 +556,9 @@ def measure(work: Workload, pool: Pool, policy: str, slo_seconds: float) -> dict
     """
     waits = pool.started - work.arrivals
     served = int(np.count_nonzero(~np.isnan(waits)))
-    minutes = (work.arrivals // 60).astype(np.int64)
-    met = total = 0
-    if len(waits):
-        order = np.argsort(minutes, kind="stable")
-        m_sorted, w_sorted = minutes[order], waits[order]
-        bounds = np.flatnonzero(np.diff(m_sorted)) + 1
-        for chunk in np.split(w_sorted, bounds):
-            total += 1
-            if float(np.percentile(chunk, 99)) <= slo_seconds:
-                met += 1
+    p99s = minute_p99s(work, pool)
+    total = len(p99s)
+    met = sum(1 for _, p in p99s if p <= slo_seconds)
     p50 = float(np.percentile(waits, 50)) if len(waits) else 0.0
     p99 = float(np.percentile(waits, 99)) if len(waits) else 0.0
     return {
@@ -735,8 +742,9 @@ def _between(text: str) -> tuple[float, float]:
               help="With --suite: where the results go.")
 @click.option("--trace", "trace", default=None, metavar="CURVE:PEAK:STARTUP:SERVICE",
               help="Replay one point of the suite (e.g. sawtooth:100:90:0.2) under roost "
-              "alone and print the plan at every tick: demand, the decision, its reason "
-              "and the demand model's steps. Writes no file.")
+              "and print the plan at every tick: demand, the decision, its reason and the "
+              "demand model's steps; then the minutes that missed the SLO, roost's and "
+              "HPA's (at --phase). Writes no file.")
 @click.option("--trace-between", default=None, metavar="FROM:TO",
               help="With --trace: only the ticks between these seconds (e.g. 0:300).")
 def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[str, ...],
@@ -753,7 +761,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
         from roost.bench.suite_cli import trace_point
 
         trace_point(data_dir or default_data_dir(), seed=seed, point=trace,
-                    between=None if trace_between is None else _between(trace_between))
+                    between=None if trace_between is None else _between(trace_between),
+                    phase=phase)
         return
     if suite:
         from roost.bench.suite_cli import run_suite

@@ -12,7 +12,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from roost.bench.autoscale import RoostPolicy, SimConfig, measure, simulate
+from roost.bench.autoscale import (
+    RoostPolicy,
+    SimConfig,
+    make_policy,
+    measure,
+    minute_p99s,
+    simulate,
+)
 from roost.bench.report import machine, write_json
 from roost.bench.suite import (
     HEADER,
@@ -140,10 +147,12 @@ def parse_point(text: str) -> tuple[str, Point]:
 
 
 def trace_point(data_dir: Path, *, seed: int, point: str,
-                between: tuple[float, float] | None = None) -> dict[str, Any]:
-    """Replay one point of the suite under roost alone and print the plan at every tick
-    (what `/status` shows a live controller's operator: demand, the decision and its
-    reason, the demand model's steps), from ``between[0]`` to ``between[1]`` seconds."""
+                between: tuple[float, float] | None = None,
+                phase: float = 0.0) -> dict[str, Any]:
+    """Replay one point of the suite under roost and print the plan at every tick (what
+    `/status` shows a live controller's operator: demand, the decision and its reason,
+    the demand model's steps), from ``between[0]`` to ``between[1]`` seconds; then the
+    minutes that missed the SLO, roost's and HPA's (simulated at the same ``phase``)."""
     name, pt = parse_point(point)
     todo, missing = curves(data_dir, full=True)
     found = [c for c in todo if c.name == name]
@@ -153,7 +162,7 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
             f"no such curve: {name} (one of {', '.join(c.name for c in todo)}){hint}")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
     work = found[0].make(pt, seed)
-    cfg = replace(base, startup=pt.startup)
+    cfg = replace(base, startup=pt.startup, phase=phase)
     lo, hi = between if between is not None else (0.0, float("inf"))
 
     def show(t: float, snap: Snapshot, p: Plan) -> None:
@@ -171,8 +180,16 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
 
     pool = simulate(work, RoostPolicy(cfg, on_plan=show), cfg)
     r = measure(work, pool, "roost", SLO_SECONDS)
-    click.echo(f"{name} {pt.label}, seed {seed}: SLO minutes "
+    at = f", phase {phase:g}" if phase else ""
+    click.echo(f"{name} {pt.label}, seed {seed}{at}: SLO minutes "
                f"{r['slo_minutes_share'] * 100:.1f} %, replica-seconds "
                f"{r['replica_seconds']:.0f}, peak replicas {r['peak_replicas']}, "
                f"killed {r['tasks_killed']}")
+    hpa = simulate(work, make_policy("hpa", cfg), cfg)
+    for who, p in (("roost", pool), ("hpa", hpa)):
+        missed = [f"{m} ({w:.1f}s)" for m, w in minute_p99s(work, p) if w > SLO_SECONDS]
+        click.echo(f"{who}: minutes whose p99 wait is above {SLO_SECONDS:g}s (minute, p99): "
+                   + (", ".join(missed) if missed else "none")
+                   + ("" if who == "roost" else
+                      f"; replica-seconds {p.replica_seconds:.0f}"))
     return r
