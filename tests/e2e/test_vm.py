@@ -160,12 +160,37 @@ def _launch(ec2: Any, user_data: str, *, itype: str = "t3.nano",
 
 
 def _console(ec2: Any, iid: str, marker: str, node: VmNode) -> str:
-    """`console`, with the node agent's last lines when the marker never comes."""
+    """`console`, with what tells why when the marker never comes: the node agent's
+    lines about the instance and its last lines, and the processes in the instance's
+    cgroup and QEMU's (the metadata service knows a caller by that cgroup)."""
     try:
         return console(ec2, iid, marker, timeout=BOOT_SECONDS)
     except AssertionError as exc:
-        tail = "\n".join(node.log.read_text(errors="replace").splitlines()[-40:])
-        raise AssertionError(f"{exc}\nthe node agent's log ends:\n{tail}") from None
+        lines = node.log.read_text(errors="replace").splitlines()
+        about = "\n".join([x for x in lines if iid in x][-20:])
+        tail = "\n".join(lines[-40:])
+        raise AssertionError(f"{exc}\n{_processes(iid)}\nthe node agent's lines about "
+                             f"{iid}:\n{about}\nthe node agent's log ends:\n{tail}") from None
+
+
+def _processes(iid: str) -> str:
+    """The pids in the instance's cgroup, each with its command, and QEMU's cgroups."""
+    group = detect(NODE).open(iid)
+    pids = sorted(group.pids()) if group is not None else []
+    out = [f"the instance's cgroup: {'absent' if group is None else f'{len(pids)} pids'}"]
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            argv = b"(gone)"
+        out.append(f"  {pid}: {argv.decode(errors='replace')[:160]}")
+    for pid in _qemu_pids(iid):
+        try:
+            where = Path(f"/proc/{pid}/cgroup").read_text().strip().replace("\n", "; ")
+        except OSError:
+            where = "(gone)"
+        out.append(f"QEMU {pid} runs in: {where}")
+    return "\n".join(out)
 
 
 def _register(ec2: Any, name: str, kernel: Path, initrd: Path) -> str:
