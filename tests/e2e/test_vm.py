@@ -169,7 +169,11 @@ def _console(ec2: Any, iid: str, marker: str, node: VmNode) -> str:
         lines = node.log.read_text(errors="replace").splitlines()
         about = "\n".join([x for x in lines if iid in x][-20:])
         tail = "\n".join(lines[-40:])
-        raise AssertionError(f"{exc}\n{_processes(iid)}\nthe node agent's lines about "
+        try:
+            processes = _processes(iid)
+        except Exception as err:  # the diagnosis must not hide the failure it explains
+            processes = f"the instance's processes not read: {err!r}"
+        raise AssertionError(f"{exc}\n{processes}\nthe node agent's lines about "
                              f"{iid}:\n{about}\nthe node agent's log ends:\n{tail}") from None
 
 

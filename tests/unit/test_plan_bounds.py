@@ -583,8 +583,9 @@ def test_the_service_time_weighs_each_read_by_its_completions() -> None:
     assert burst.service == 30.0 and burst.service_weight == 600
     tail = burst.observe(Demand(0, 3, 0.0, 90.0, completed=3), None, NOW + 10, s)
     assert tail.service is not None and 30.0 < tail.service < 30.5
+    # where a plain moving average (each read alike) would have taken it: 39.2 s
     plain = 30.0 + (1 - math.exp(-10 / 60)) * (90.0 - 30.0)
-    assert plain > 39.0
+    assert plain - tail.service > 8.5
     # /status shows the weight behind the figure: 600 faded by e^(-10/60), plus 3
     got = size(Demand(0, 3, 0.0, 90.0, completed=3), tail, replicas=10, target=3, s=s)
     assert any("(weight 511: the completions read, fading over 60s)" in line
@@ -602,3 +603,10 @@ def test_the_service_time_weighs_each_read_by_its_completions() -> None:
     # the weight fades with time: a read long after the burst counts nearly in full
     late = burst.observe(Demand(0, 3, 0.0, 90.0, completed=3), None, NOW + 1200, s)
     assert late.service is not None and late.service > 89.0
+    # a read without a count weighs as one completion; one of no completions keeps the
+    # estimate (and the weight fades)
+    one = burst.observe(Demand(0, 3, 0.0, 90.0), None, NOW + 10, s)
+    assert one.service == pytest.approx(30.0 + 60.0 / (600 * math.exp(-10 / 60) + 1))
+    empty = burst.observe(Demand(0, 3, 0.0, 90.0, completed=0), None, NOW + 10, s)
+    assert empty.service == 30.0
+    assert empty.service_weight == pytest.approx(600 * math.exp(-10 / 60))

@@ -207,8 +207,10 @@ def smooth_service(service: float | None, weight: float, at: float | None, mean:
     n = float(count) if count is not None else 1.0
     fade = math.exp(-max(0.0, now - at) / s.service_smoothing) \
         if at is not None and s.service_smoothing > 0 else 0.0
+    if n <= 0:  # a mean of no completions says nothing: keep what there is
+        return (service, weight * fade) if service is not None else (mean, 0.0)
     total = weight * fade + n
-    if service is None or total <= 0:
+    if service is None:
         return mean, n
     return service + n / total * (mean - service), total
 
