@@ -85,6 +85,9 @@ async def test_rates_read_the_mean_run_time_and_how_many_completed(db: Any) -> N
             "now() - make_interval(secs => $2::float8 + $3), "
             "now() - make_interval(secs => $3::float8))",
             status, ran, ended)
+    # a task marked done without a start has no run time: in neither the mean nor the count
+    await db.execute("INSERT INTO tasks (pool_id, status, created_at, finished_at) VALUES "
+                     "('a', 'done', now() - interval '200 seconds', now() - interval '3 seconds')")
     rate, service, completed, _ = (await runtime.read_rates(db, 30.0, grain=5.0, span=30.0))["a"]
     assert (rate, completed) == (0.0, 3)
     assert service == pytest.approx(5.0)
