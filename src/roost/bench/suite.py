@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -307,8 +308,6 @@ def run_point(curve: Curve, pt: Point, base: SimConfig, *,
 def medians(by_phase: dict[str, Any]) -> dict[str, Any]:
     """Per policy, the median replica-seconds and SLO share over the phases and the most
     tasks killed at any; and roost's median over HPA's."""
-    import statistics
-
     out: dict[str, Any] = {
         name: {"replica_seconds": statistics.median(r["replica_seconds"] for r in runs),
                "slo_minutes_share": statistics.median(r["slo_minutes_share"] for r in runs),

@@ -404,11 +404,12 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     small = service < s.drain_horizon and replicas < s.small_pool_replicas
     recurs = peak is not None and peak.recurs
     room_rate = peak.rate if peak is not None else 0.0
-    held_for = None  # seconds since bursts last recurred, while a small pool holds them
+    held = None  # (seconds since bursts last recurred, the room then), while a small
+    # pool holds them
     if (peak is not None and not recurs and small and est.recurred is not None
             and now is not None and now - est.recurred[0] < s.headroom_window):
-        held_for, recurs = now - est.recurred[0], True
-        room_rate = min(room_rate, est.recurred[1])
+        held, recurs = (now - est.recurred[0], est.recurred[1]), True
+        room_rate = min(room_rate, held[1])
     reserve = 0
     if peak is not None:
         room_s = est.room_service or service
@@ -445,17 +446,16 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             + ("" if peak.ceiling is None or peak.ceiling >= peak.highest else
                f", second-highest burst {peak.ceiling:.3g}/s")
             + f"; bursts {'recur' if peak.recurs else 'do not recur'}"
-            + ("" if held_for is None or est.recurred is None else
-               f", but they did {held_for:.0f}s ago (within {s.headroom_window:g}s: a "
+            + ("" if held is None else
+               f", but they did {held[0]:.0f}s ago (within {s.headroom_window:g}s: a "
                f"pool below {s.small_pool_replicas} replicas of tasks shorter than the "
                f"{s.drain_horizon:g}s wait aimed at holds them one window more, no "
-               f"higher than their second-highest burst then, {est.recurred[1]:.3g}/s)")
+               f"higher than their second-highest burst then, {held[1]:.3g}/s)")
             + "; hold room for "
             f"min(mean + {s.headroom_sigmas:g} sd, "
             + ("highest" if peak.ceiling is None or peak.ceiling >= peak.highest else
                "second-highest burst")
-            + ("" if held_for is None or est.recurred is None else
-               f", {est.recurred[1]:.3g}/s then")
+            + ("" if held is None else f", {held[1]:.3g}/s then")
             + f") = {room_rate:.3g}/s x service"
             + ("" if room_s == service else
                f" {room_s:.3g}s (its fall to {service:.3g}s is within "

@@ -23,14 +23,17 @@ async def read_demand(conn: Any, *, timeout: float | None = None) -> dict[str, D
 _RATES = """
 SELECT pool_id,
        count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)) AS created,
-       avg(extract(epoch FROM finished_at - started_at))
-           FILTER (WHERE finished_at > now() - make_interval(secs => $1)
-                   AND status = 'done' AND started_at IS NOT NULL) AS service,
-       count(*) FILTER (WHERE finished_at > now() - make_interval(secs => $1)
-                        AND status = 'done' AND started_at IS NOT NULL) AS completed
-FROM tasks
-WHERE created_at > now() - make_interval(secs => $1)
-   OR finished_at > now() - make_interval(secs => $1)
+       avg(ran) AS service,
+       count(ran) AS completed
+FROM (SELECT pool_id, created_at,
+             -- run time of a task done within the window, else NULL: the mean and the
+             -- count of completions are over the same tasks
+             CASE WHEN finished_at > now() - make_interval(secs => $1)
+                       AND status = 'done' AND started_at IS NOT NULL
+                  THEN extract(epoch FROM finished_at - started_at) END AS ran
+      FROM tasks
+      WHERE created_at > now() - make_interval(secs => $1)
+         OR finished_at > now() - make_interval(secs => $1)) AS recent
 GROUP BY pool_id
 """
 
