@@ -320,6 +320,31 @@ def test_a_pool_that_keeps_up_when_it_grows_again_is_not_flapping() -> None:
     assert back(50).flap_until == NOW + 300
 
 
+def test_a_queue_that_clears_within_the_wait_aimed_at_is_not_a_flap() -> None:
+    s = spec(disruption_replicas=5, max_replicas=100, target_per_replica=3)
+    settings = replace(SETTINGS, flap_window=300.0, drain_horizon=5.0)
+    est = Estimates(service=2.0, service_at=NOW, startup=20.0)
+    hist = replace(held(36, seconds=40), shrunk_at=NOW - 60, estimates=est)
+
+    def back(queued: int) -> tuple[PoolHistory, tuple[str, ...]]:
+        # 12 replicas at a target of 3 serve 18 tasks/s of 2 s, and 18/s arrive: nothing
+        # is spare, so the whole queue is left past the start-up
+        inputs = replace(pool(s, replicas=12), demand=Demand(queued, 44, 18.0, 2.0))
+        got = run(snap(inputs), {"p": hist}, settings=settings).pool("p")
+        assert any(isinstance(x, ScaleUp) for x in got.steps), got.reason
+        return got.history, got.sizing
+
+    # 7 left clear at 18 tasks/s in 7 x 2 / 36 = 0.39 s, within the 5 s aimed at: the
+    # arrivals' noise, and the pool grows by its ordinary rule without a flap hold
+    calm, lines = back(7)
+    assert calm.flap_until is None
+    assert any(x.startswith("short of capacity: no") and "0.389s" in x for x in lines)
+    # 200 left take 11 s: the shrink left it unable to serve, a flap
+    flap, lines = back(200)
+    assert flap.flap_until == NOW + 300
+    assert any(x.startswith("short of capacity: yes") and "11.1s" in x for x in lines)
+
+
 def test_a_pool_short_after_growing_past_its_last_shrink_is_not_flapping() -> None:
     s = spec(disruption_replicas=5)
     settings = replace(SETTINGS, flap_window=300.0)

@@ -102,8 +102,14 @@ Two more figures go to the plan's windows (`roost.decide.plan`):
   short tasks held WorldCup98's smooth decline at its level for a window (1.3 % more
   replica-seconds, past 0.8x HPA's), grown pools of noisy demand went above HPA's,
   and for 30 s tasks they put the Azure hour above HPA's;
-- ``short``: the pool is short of capacity now: ``overdue`` above 0, or, without a rate
-  or a service time, any queued task. Only a pool short when it grows again soon after
+- ``short``: the pool is short of capacity now: its overdue backlog would wait longer
+  than ``drain_horizon`` (the queue wait aimed at) to clear at the throughput the target
+  gives the replicas serving, ``overdue x service / (serving x target) >
+  drain_horizon``; or, without a rate or a service time, any queued task. A queue that
+  clears within the wait aimed at costs no more than that wait: it is the arrivals' own
+  noise, not a pool the shrink left unable to serve (2 s tasks at 12 replicas: 7 queued
+  clear in 0.4 s). Counted as short, such queues held WorldCup98's quiet hours at 3
+  replicas for 300 s at a time where 2 serve. Only a pool short when it grows again soon after
   a scale-down counts as flapping (`roost.decide.plan`): a pool that keeps up with a
   rise by its ordinary windows was right to shrink, and so was one short only once it
   has grown past the size it shrank from (demand rose since).
@@ -350,8 +356,9 @@ class Sizing:
     """Backlog the pool's replicas (starting ones included) will not clear before a new
     replica could start: waiting out the scale-up window would only let it grow."""
     short: bool = False
-    """The pool is short of capacity now: ``overdue`` above 0, or, without the model (no
-    rate or no service time), any queued task."""
+    """The pool is short of capacity now: ``overdue`` would wait longer than the
+    ``drain_horizon`` aimed at to clear at the replicas' target throughput, or, without
+    the model (no rate or no service time), any task is queued."""
     grows: bool = False
     """The room grows the pool, not only holds it: a small pool of short tasks, bursts
     that recur (see the module docstring)."""
@@ -410,6 +417,9 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             and now is not None and now - est.recurred[0] < s.headroom_window):
         held, recurs = (now - est.recurred[0], est.recurred[1]), True
         room_rate = min(room_rate, held[1])
+    # the overdue backlog's wait at the target's throughput; with no replica serving
+    # yet, any of it is short
+    short = left * service > s.drain_horizon * serve * target
     reserve = 0
     if peak is not None:
         room_s = est.room_service or service
@@ -437,6 +447,12 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"no start-up seen yet ({len(est.starting_since)} starting, none turned ready): "
         f"the overdue backlog is sized as queued + running = {effective} tasks",
     ]
+    if left > 0:
+        clears = f"{left * service / (serve * target):.3g}s" if serve > 0 else "never"
+        lines.append(f"short of capacity: {'yes' if short else 'no'}: the backlog left "
+                     f"clears at serving x target / service in {clears}, "
+                     f"{'more' if short else 'no more'} than the {s.drain_horizon:g}s "
+                     f"wait aimed at")
     if peak is not None:
         lines.append(
             f"headroom: burst rates (most arrivals within one service time, read at "
@@ -468,4 +484,4 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
                      if recurs else
                      f"no room held for bursts that do not recur: a scale-down keeps the "
                      f"headroom's {reserve} tasks only while the pool flaps")
-    return Sizing(effective, tuple(lines), reserve, recurs, left, left > 0, grows)
+    return Sizing(effective, tuple(lines), reserve, recurs, left, short, grows)
