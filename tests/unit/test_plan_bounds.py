@@ -76,6 +76,14 @@ def _starting(ready: int, *ages: float, startup: float | None = 30.0) -> Estimat
                      starting_since=tuple(NOW - a for a in sorted(ages, reverse=True)))
 
 
+def test_a_backlog_with_no_replica_serving_yet_is_short() -> None:
+    # one replica, just asked for: it serves none of the coming start-up
+    got = size(Demand(10, 0, 5.0), _starting(0, 0.0), replicas=1, target=5, s=S, now=NOW)
+    assert got.overdue == 10 and got.short
+    assert "short of capacity: yes: no replica serves the backlog left before the next " \
+           "start-up" in got.explain
+
+
 def test_a_starting_replica_serves_only_the_part_of_the_start_up_it_is_ready_for() -> None:
     demand = Demand(600, 10, 10.0)
     # 2 ready x 5 / 1 s = 10/s, all taken by arrivals; 8 just asked for serve none of

@@ -684,7 +684,8 @@ def _between(text: str) -> tuple[float, float]:
               help="Lognormal sigma of the service time (0: fixed).")
 @click.option("--slots", type=int, default=4, show_default=True,
               help="Tasks one worker runs at once.")
-@click.option("--target", "target_per_replica", type=int, default=3, show_default=True,
+@click.option("--target", "target_per_replica", type=click.IntRange(min=1), default=3,
+              show_default=True,
               help="Outstanding tasks per replica, the same for every policy.")
 @click.option("--startup", type=float, default=30.0, show_default=True,
               help="Seconds from asking for a replica until it takes tasks.")

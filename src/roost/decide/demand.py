@@ -448,11 +448,13 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"the overdue backlog is sized as queued + running = {effective} tasks",
     ]
     if left > 0:
-        clears = f"{left * service / (serve * target):.3g}s" if serve > 0 else "never"
-        lines.append(f"short of capacity: {'yes' if short else 'no'}: the backlog left "
-                     f"clears at serving x target / service in {clears}, "
-                     f"{'more' if short else 'no more'} than the {s.drain_horizon:g}s "
-                     f"wait aimed at")
+        lines.append(
+            f"short of capacity: {'yes' if short else 'no'}: the backlog left clears at "
+            f"serving x target / service in {left * service / (serve * target):.3g}s, "
+            f"{'more' if short else 'no more'} than the {s.drain_horizon:g}s wait aimed at"
+            if serve * target > 0 else
+            "short of capacity: yes: no replica serves the backlog left before the next "
+            "start-up")
     if peak is not None:
         lines.append(
             f"headroom: burst rates (most arrivals within one service time, read at "

@@ -237,8 +237,8 @@ class PlanSettings:
     disruption_period: float = 60.0
     flap_window: float = 300.0
     """A pool that grows again within this long of a scale-down, while short of
-    capacity (an overdue backlog), waits this long (HPA's stabilization) before its next
-    scale-down, for as long again."""
+    capacity (an overdue backlog that would wait longer than ``drain_horizon``), waits
+    this long (HPA's stabilization) before its next scale-down, for as long again."""
     headroom_window: float = 600.0
     """The arrival rates read over this long size the headroom: twice HPA's 300 s
     stabilization, so that bursts up to 300 s apart are seen at least twice (the
