@@ -13,7 +13,8 @@ contents are in once an entry at or past that sequence has come, or an entry the
 consumer sent with nothing pending after it (its ``delta``, the consumer's pending
 count, is 0: the rule nats-py's own mark follows, minus the race). Every caller that
 needs "the current contents" goes through `Contents`: the gateway's mirrors
-(`follow_bucket`), `roost node forget` and a node's read of its orders.
+(`follow_bucket`), `roost node forget`, a node's read of its orders and the account
+commands' listings (`AccountStore._all`).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
+from roost.bus.contents import read_contents
 from roost.bus.failures import BUS_DOWN
 from roost.domain.accounts import (
     DEFAULT_ACCOUNT,
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 OPERATOR_KEY_ENV = "ROOST_OPERATOR_KEY"
 OPERATOR_KEY_FILE_ENV = "ROOST_OPERATOR_KEY_FILE"
 _RETRIES = 64
+READ_TIMEOUT = 30.0
+"""Seconds a listing of the bucket waits for its contents (`AccountStore._all`)."""
 """CAS attempts for a usage change; each lost race is another gateway's launch landing."""
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 
@@ -140,15 +143,23 @@ class AccountStore:
         return None if found is None else msgspec.json.decode(found[1], type=Account)
 
     async def _all(self, prefix: str) -> list[bytes]:
+        """The values under ``prefix``, by key. Read through `read_contents`, not
+        nats-py's ``keys()``: that stops at its end-of-contents mark, which on a loaded
+        host can come before every entry (`roost.bus.contents`), and `roost accounts
+        show` then listed an account with no keys."""
+        found: dict[str, bytes] = {}
+
+        def take(entry: KeyValue.Entry) -> None:
+            found.pop(entry.key, None)
+            if entry.operation is None and entry.value:  # not a delete or purge marker
+                found[entry.key] = entry.value
+
+        watcher = await self.kv.watch(f"{prefix}>")
         try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        out = []
-        for k in sorted(keys):
-            if k.startswith(prefix) and (found := await self._get(k)) is not None:
-                out.append(found[1])
-        return out
+            await read_contents(watcher, take, timeout=READ_TIMEOUT)
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return [found[k] for k in sorted(found)]
 
     async def accounts(self) -> list[Account]:
         return [msgspec.json.decode(v, type=Account) for v in await self._all("account.")]

@@ -21,6 +21,7 @@ from nats.aio.client import Client
 from roost.bus import subjects
 from roost.bus.auth import ENV, NatsAuth
 from roost.bus.connect import connect, key_value
+from roost.bus.contents import WatchEnded
 from roost.domain.accounts import CLASS_NAMES, QUOTA_CLASSES, Quotas, is_account_id
 from roost.domain.catalog import BUILTIN
 from roost.gateway.accounts import (
@@ -65,7 +66,7 @@ def _run_with(nats_urls: tuple[str, ...],
         return asyncio.run(main())
     except AccountError as exc:
         raise click.ClickException(str(exc)) from None
-    except (TimeoutError, OSError) as exc:
+    except (TimeoutError, OSError, WatchEnded) as exc:
         raise click.ClickException(f"cannot reach NATS at {', '.join(nats_urls)}: "
                                    f"{exc!r}") from None
 
