@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from roost.bus import subjects
 from roost.bus.connect import connect, key_value
+from roost.bus.contents import live_entries
 from roost.cli import main
 from roost.gateway.accounts import OPERATOR_KEY_ENV
 from roost.gateway.actions import ACTIONS
@@ -414,7 +415,7 @@ def test_secrets_are_sealed_in_the_bucket(tenants: Tenants) -> None:
         nc = await connect([t.cluster.nats.url], name="test-read-accounts")
         try:
             kv = await key_value(nc, subjects.ACCOUNTS_BUCKET)
-            return b"".join([(await kv.get(k)).value or b"" for k in await kv.keys()])
+            return b"".join((await live_entries(kv, timeout=30)).values())
         finally:
             await nc.close()
 

@@ -37,6 +37,7 @@ from roost.bench.churn import churn, settled_capacity
 from roost.bench.launch import Signer
 from roost.bus import subjects
 from roost.bus.connect import key_value
+from roost.bus.contents import live_entries
 from roost.embedded import NatsCluster
 from roost.embedded.proc import free_port
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
@@ -199,7 +200,7 @@ def test_kv_writes_failing_during_launches(fcluster: ThreadedCluster) -> None:
         nc = nodes[0]._nc
         assert nc is not None
         kv = await key_value(nc, subjects.INSTANCES_BUCKET)
-        return set(await kv.keys())
+        return set(await live_entries(kv, timeout=30))
 
     assert set(ids) <= fcluster.run(keys())
     settle(fcluster, ec2, ids)

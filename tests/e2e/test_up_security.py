@@ -36,6 +36,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from roost.bus.auth import NatsAuth
+from roost.bus.contents import live_entries
 from roost.embedded.proc import free_port
 from roost.store import apitokens
 from roost.store import pools as pools_q
@@ -303,13 +304,8 @@ async def test_no_secret_in_user_data_buckets_node_state_or_logs(up: Up) -> None
             if not name.startswith("KV_"):
                 continue
             kv = await js.key_value(name.removeprefix("KV_"))
-            try:
-                keys = await kv.keys()
-            except nats.js.errors.NoKeysError:
-                keys = []
-            for key in keys:
-                entry = await kv.get(key)
-                blobs[f"bucket {name}:{key}"] = key.encode() + b"=" + (entry.value or b"")
+            for key, value in (await live_entries(kv, timeout=30)).items():
+                blobs[f"bucket {name}:{key}"] = key.encode() + b"=" + value
     finally:
         await nc.close()
     assert any(k.startswith("bucket KV_roost_user_data") for k in blobs), list(blobs)

@@ -98,3 +98,22 @@ async def read_items(items: AsyncIterator[Entry | None], take: Callable[[Entry],
             if await contents.see(item):
                 return
     raise WatchEnded("the watch ended before the bucket's contents were read")
+
+
+async def live_entries(kv: KeyValue, keys: str = ">", *, timeout: float) -> dict[str, bytes]:
+    """Every live entry of ``kv`` whose key matches ``keys`` (a subject pattern), key to
+    value, read to the end of the bucket's contents (`read_contents`; delete and purge
+    markers drop their key). For a listing: nats-py's ``keys()`` stops at its own mark."""
+    found: dict[str, bytes] = {}
+
+    def take(entry: Entry) -> None:
+        found.pop(entry.key, None)
+        if entry.operation is None and entry.value:
+            found[entry.key] = entry.value
+
+    watcher = await kv.watch(keys)
+    try:
+        await read_contents(watcher, take, timeout=timeout)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    return found

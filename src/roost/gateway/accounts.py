@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from roost.bus.connect import follow_bucket
-from roost.bus.contents import read_contents
+from roost.bus.contents import live_entries
 from roost.bus.failures import BUS_DOWN
 from roost.domain.accounts import (
     DEFAULT_ACCOUNT,
@@ -147,18 +147,7 @@ class AccountStore:
         nats-py's ``keys()``: that stops at its end-of-contents mark, which on a loaded
         host can come before every entry (`roost.bus.contents`), and `roost accounts
         show` then listed an account with no keys."""
-        found: dict[str, bytes] = {}
-
-        def take(entry: KeyValue.Entry) -> None:
-            found.pop(entry.key, None)
-            if entry.operation is None and entry.value:  # not a delete or purge marker
-                found[entry.key] = entry.value
-
-        watcher = await self.kv.watch(f"{prefix}>")
-        try:
-            await read_contents(watcher, take, timeout=READ_TIMEOUT)
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        found = await live_entries(self.kv, f"{prefix}>", timeout=READ_TIMEOUT)
         return [found[k] for k in sorted(found)]
 
     async def accounts(self) -> list[Account]:
