@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 OPERATOR_KEY_ENV = "ROOST_OPERATOR_KEY"
 OPERATOR_KEY_FILE_ENV = "ROOST_OPERATOR_KEY_FILE"
 _RETRIES = 64
+"""CAS attempts for a usage change; each lost race is another gateway's launch landing."""
 READ_TIMEOUT = 30.0
 """Seconds a listing of the bucket waits for its contents (`AccountStore._all`)."""
-"""CAS attempts for a usage change; each lost race is another gateway's launch landing."""
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 
 
@@ -143,7 +143,7 @@ class AccountStore:
         return None if found is None else msgspec.json.decode(found[1], type=Account)
 
     async def _all(self, prefix: str) -> list[bytes]:
-        """The values under ``prefix``, by key. Read through `read_contents`, not
+        """The values under ``prefix``, by key. Read through `live_entries`, not
         nats-py's ``keys()``: that stops at its end-of-contents mark, which on a loaded
         host can come before every entry (`roost.bus.contents`), and `roost accounts
         show` then listed an account with no keys."""
