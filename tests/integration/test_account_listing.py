@@ -1,6 +1,6 @@
 """Listing the accounts bucket against a real JetStream: each listing holds every live
 entry under its prefix and nothing else (no other prefix, no deleted key), an empty
-prefix lists nothing, and repeated listings on a busy connection are all whole.
+bucket lists nothing, and twenty listings at once on one connection are all whole.
 
 The listing reads the bucket through `roost.bus.contents`, not nats-py's ``keys()``,
 whose end-of-contents mark can come before every entry on a loaded host: a full-suite
