@@ -1160,7 +1160,7 @@ def scale(steps: tuple[int, ...], live: int, rate: float, steady_seconds: float,
                         settle_seconds=min(settle_seconds, 3.0) if quick else settle_seconds,
                         twin=twin)
     report: dict[str, Any] = {
-        "quick": quick, "machine": machine(), "trace": f"azure-v1 test split ({data})",
+        "quick": quick, "machine": machine(), "trace": "azure-v1 test split",
         "settings": {**settings.__dict__, "gateway_workers": list(settings.gateway_workers)},
         "steps": []}
 
