@@ -102,14 +102,16 @@ async def read_items(items: AsyncIterator[Entry | None], take: Callable[[Entry],
 
 async def live_entries(kv: KeyValue, keys: str = ">", *, timeout: float) -> dict[str, bytes]:
     """Every live entry of ``kv`` whose key matches ``keys`` (a subject pattern), key to
-    value, read to the end of the bucket's contents (`read_contents`; delete and purge
-    markers drop their key). For a listing: nats-py's ``keys()`` stops at its own mark."""
+    value, read to the end of the bucket's contents (`read_contents`). The read goes on
+    past nats-py's mark, so a key can come again (a newer value, or its delete or purge
+    marker): the last word on each key stands. For a listing: nats-py's ``keys()``
+    stops at its own mark."""
     found: dict[str, bytes] = {}
 
     def take(entry: Entry) -> None:
         found.pop(entry.key, None)
-        if entry.operation is None and entry.value:
-            found[entry.key] = entry.value
+        if entry.operation is None:  # not a delete or purge marker
+            found[entry.key] = entry.value or b""
 
     watcher = await kv.watch(keys)
     try:

@@ -30,7 +30,7 @@ from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.auth import NatsAuth
 from roost.bus.connect import NoDirectGet, connect, key_value, last_values
-from roost.bus.contents import read_contents
+from roost.bus.contents import live_entries
 from roost.bus.failures import BUS_DOWN
 from roost.domain.catalog import BUILTIN, Catalog
 from roost.domain.commands import Protection, instance_shutdown, refusal
@@ -284,20 +284,8 @@ class NodeAgent:
         answers no direct gets: to the end of its contents (`roost.bus.contents`), since
         nats-py's end-of-contents mark can come before them."""
         assert self._orders_kv is not None
-        found: dict[str, bytes] = {}
-
-        def take(entry: KeyValue.Entry) -> None:
-            if entry.operation is None:  # not a delete or purge marker
-                found[entry.key] = entry.value or b""
-            else:
-                found.pop(entry.key, None)
-
-        watcher = await self._orders_kv.watch(subjects.node_orders(self.node_id))
-        try:
-            await read_contents(watcher, take, timeout=ORDERS_READ_TIMEOUT)
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-        return found
+        return await live_entries(self._orders_kv, subjects.node_orders(self.node_id),
+                                  timeout=ORDERS_READ_TIMEOUT)
 
     async def _carry_out(self, instance_id: str, order: s.NodeOrder) -> None:
         """Terminate ``instance_id`` as ``order`` says, then delete the order. Delivered

@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 from roost.bus import schemas as s
 from roost.bus import subjects
 from roost.bus.connect import key_value
-from roost.bus.contents import read_contents
+from roost.bus.contents import live_entries
 
 REASON = "Server.InternalError"
 
@@ -90,27 +90,17 @@ async def _records_of(records: KeyValue, node_id: str) -> list[s.InstanceRecord]
     """Every record in the bucket that names ``node_id``, read through one watch to the
     end of its contents (`roost.bus.contents`: nats-py's own end-of-contents mark can
     come before every entry); TimeoutError when that takes over ``READ_TIMEOUT``."""
-    out: dict[str, s.InstanceRecord] = {}
-
-    def take(entry: KeyValue.Entry) -> None:
-        # The read goes on past the mark, so a key can come again (a newer record, or
-        # its delete or purge marker): the last word on each key stands.
-        out.pop(entry.key, None)
-        if entry.operation is not None or not entry.value:
-            return  # a delete or purge marker
-        try:
-            rec = s.decode(entry.value, s.InstanceRecord)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return
-        if rec.node_id == node_id:
-            out[entry.key] = rec
-
-    watcher = await records.watchall()
     try:
-        await read_contents(watcher, take, timeout=READ_TIMEOUT)
+        values = await live_entries(records, timeout=READ_TIMEOUT)
     except TimeoutError:
         raise TimeoutError(
             f"the records bucket was not read within {READ_TIMEOUT:g} s") from None
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    return list(out.values())
+    out = []
+    for value in values.values():
+        try:
+            rec = s.decode(value, s.InstanceRecord)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if rec.node_id == node_id:
+            out.append(rec)
+    return out
