@@ -398,7 +398,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
     serve = serving(est, replicas, now, startup)
-    spare = max(0.0, serve * target / service - rate)
+    throughput = serve * target / service  # tasks/s the serving replicas clear at the target
+    spare = max(0.0, throughput - rate)
     left = max(0.0, q - spare * startup)
     horizon = max(s.drain_horizon, service)
     backlog = left * service / horizon
@@ -418,8 +419,9 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         held, recurs = (now - est.recurred[0], est.recurred[1]), True
         room_rate = min(room_rate, held[1])
     # the overdue backlog's wait at the target's throughput; with no replica serving
-    # yet, any of it is short
-    short = left * service > s.drain_horizon * serve * target
+    # yet, any of it waits past the start-up
+    clears = left / throughput if throughput > 0 else math.inf if left > 0 else 0.0
+    short = clears > s.drain_horizon
     reserve = 0
     if peak is not None:
         room_s = est.room_service or service
@@ -450,9 +452,9 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     if left > 0:
         lines.append(
             f"short of capacity: {'yes' if short else 'no'}: the backlog left clears at "
-            f"serving x target / service in {left * service / (serve * target):.3g}s, "
+            f"serving x target / service in {clears:.3g}s, "
             f"{'more' if short else 'no more'} than the {s.drain_horizon:g}s wait aimed at"
-            if serve * target > 0 else
+            if throughput > 0 else
             "short of capacity: yes: no replica serves the backlog left before the next "
             "start-up")
     if peak is not None:
