@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,6 +80,13 @@ class ThreadedCluster:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def read(self, fn: Callable[[], T], timeout: float = 60.0) -> T:
+        """``fn()`` called on the cluster's loop: state the loop changes (an index, a
+        ledger) is read whole there, never mid-change from the test's thread."""
+        async def call() -> T:
+            return fn()
+        return self.run(call(), timeout)
 
     def start(self) -> ThreadedCluster:
         self._thread.start()

@@ -103,9 +103,12 @@ class Load:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+        # the counts are read after this: never while the thread still writes them
+        assert kind is not None or not self._thread.is_alive(), \
+            "the load's last request did not end within 30 s"
 
 
 def settle(cluster: ThreadedCluster, ec2: Any, ids: list[str]) -> None:
@@ -313,6 +316,7 @@ def test_node_killed_mid_burst_and_back(pcluster: tuple[ThreadedCluster, NodePro
     ec2 = cluster.client()
     with Load(cluster) as load:
         time.sleep(1.5)
+        wait_for("launches", lambda: load.launched, 20)
         # The node placement has put most of the burst on (a packing policy fills one).
         homes = Counter(r.node_id for r in map(cluster.record, list(load.launched.values()))
                         if r is not None)
@@ -447,20 +451,23 @@ def test_gateway_killed_mid_launch_token_retried_elsewhere(
                                   daemon=True)
         sender.start()
         index = fcluster.cluster.gateway.service.index  # type: ignore[union-attr]
-        wait_for("launches under way", lambda: any(
-            r.client_token == token for r in index.all()), 20)
+
+        def placed() -> int:  # read on the loop, which goes on adding records
+            return fcluster.read(lambda: sum(r.client_token == token for r in index.all()))
+
+        wait_for("launches under way", lambda: placed() > 0, 20)
         os.kill(first.pid, signal.SIGKILL)
         killed = time.monotonic()
-        placed = sum(r.client_token == token for r in index.all())
+        seen = placed()
         first.wait(10)
         sender.join(30)
         ec2 = fcluster.client()
         out = ec2.run_instances(**request)
         took = time.monotonic() - killed
         ids = [i["InstanceId"] for i in out["Instances"]]
-        print(f"\ngateway killed with {placed} of {count} launches seen placed; the retry "
+        print(f"\ngateway killed with {seen} of {count} launches seen placed; the retry "
               f"on the other gateway answered {len(ids)} in {took:.2f} s (claim lease 10 s)")
-        assert 0 < placed < count, "the kill did not land mid-launch"
+        assert 0 < seen < count, "the kill did not land mid-launch"
         assert len(ids) == count and len(set(ids)) == count
         mine = [i for i in described(ec2) if i.get("ClientToken") == token]
         assert sorted(i["InstanceId"] for i in mine) == sorted(ids)  # none launched twice

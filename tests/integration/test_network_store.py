@@ -82,7 +82,9 @@ async def test_terminated_instance_gives_its_addresses_back(
     subnet = a.default_subnet_for("roost-1a")
     ip = await a.allocate(subnet, "r-1-0")
     public = await a.allocate(a.public_pool, "r-1-0")
-    await asyncio.sleep(0.2)
+    # b releases only what its own copy holds: wait until it holds both
+    await _until(lambda: b.addresses_in_use(subnet.subnet_id) == 1
+                 and b.addresses_in_use(PUBLIC_POOL_ID) == 1)
     rec = s.InstanceRecord(instance_id="i-0123456789abcdef0", node_id="n1",
                            instance_type="t3.micro", image_id="ami-00000000000000001",
                            state="running", launch_id="r-1-0", reservation_id="r-1",
@@ -105,7 +107,7 @@ async def test_a_stopped_instance_gives_its_public_address_back(
     a, b = stores
     old = await a.allocate(a.public_pool, "r-2-0")
     new = await a.allocate(a.public_pool, "r-2-0")  # started again: a new one
-    await asyncio.sleep(0.2)
+    await _until(lambda: b.addresses_in_use(PUBLIC_POOL_ID) == 2)  # b's copy holds both
     rec = s.InstanceRecord(instance_id="i-0123456789abcdef1", node_id="n1",
                            instance_type="t3.micro", image_id="ami-00000000000000001",
                            state="running", launch_id="r-2-0", reservation_id="r-2",

@@ -11,14 +11,19 @@ from roost.embedded import NatsServer
 from tests.nodes import client, launch, running_nodes
 
 
-async def gather_replies(nc, subject: str, data: bytes, window: float = 0.5) -> list[bytes]:  # type: ignore[no-untyped-def]
+async def gather_replies(nc, subject: str, data: bytes, expect: int = 0,  # type: ignore[no-untyped-def]
+                         window: float = 0.5, patience: float = 10.0) -> list[bytes]:
+    """Replies to one request: up to ``patience`` seconds for the ``expect`` awaited
+    (a loaded host may take a while to answer), then until none comes for ``window``
+    (one more than awaited must show)."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish(subject, data, reply=inbox)
     out = []
     try:
         while True:
-            out.append((await sub.next_msg(timeout=window)).data)
+            wait = patience if len(out) < expect else window
+            out.append((await sub.next_msg(timeout=wait)).data)
     except TimeoutError:
         return out
     finally:
@@ -30,7 +35,8 @@ async def test_describe_types_fans_out_to_every_node(nats_server: NatsServer,
     async with running_nodes([nats_server.url], ["4vcpu,16GiB", "8vcpu,32GiB"], tmp_path), \
             client(nats_server.url) as nc:
         replies = [s.decode(d, s.DescribeTypesReply)
-                   for d in await gather_replies(nc, subjects.DESCRIBE_INSTANCE_TYPES, b"")]
+                   for d in await gather_replies(nc, subjects.DESCRIBE_INSTANCE_TYPES, b"",
+                                              expect=2)]
         assert sorted(r.node_id for r in replies) == ["n1", "n2"]
         for r in replies:
             assert {t.name for t in r.types} == set(BUILTIN)  # the full set, full or not
@@ -46,7 +52,7 @@ async def test_lookup_finds_the_node_holding_a_launch(nats_server: NatsServer,
         made = await launch(nc, "t3.micro", node_id="n2", launch_id="L-42")
         assert made and made.ok
         found = await gather_replies(nc, subjects.LAUNCH_LOOKUP,
-                                     s.encode(s.LaunchLookup(launch_id="L-42")))
+                                     s.encode(s.LaunchLookup(launch_id="L-42")), expect=1)
         assert [s.decode(d, s.LaunchReply).node_id for d in found] == ["n2"]
         none = await gather_replies(nc, subjects.LAUNCH_LOOKUP,
                                     s.encode(s.LaunchLookup(launch_id="L-43")))

@@ -32,6 +32,7 @@ async def test_a_gap_seen_during_a_read_gets_its_own_read_after(
         assert len(reads) == 1
         time.sleep(0.5)  # a second stall, while that read is in flight
         await asyncio.sleep(2.5)  # the first read ends after 1 s; the next beats follow
-        # The regular read is 20 s away: only the gap can have asked for this one.
-        assert len(reads) == 2, reads
+        # The regular read is 20 s away: only the gap can have asked for this one (a
+        # stall of the loaded host's own can add a gap, and a read, of its own).
+        assert len(reads) >= 2, reads
         assert reads[1][1] > 0 and reads[1][0] - reads[0][0] < 2.0

@@ -200,7 +200,8 @@ async def test_sigterm_drains_and_exits(
     agents.append(start_agent(nats_server.url, tmp_path / "r1", tmp_path / "agent.log"))
     async with client(nats_server.url) as nc:
         sub = await nc.subscribe(subjects.capacity("r1"))
-        first = s.decode((await sub.next_msg(timeout=10)).data, s.CapacitySnapshot)
+        # 30 s, as snapshot() waits: the agent's start alone has taken past 10 s here
+        first = s.decode((await sub.next_msg(timeout=30)).data, s.CapacitySnapshot)
         assert not first.draining and first.fit
         agents[0].send_signal(signal.SIGTERM)
         while True:

@@ -198,7 +198,10 @@ async def test_a_claim_and_the_drain_mark_serialize(db: Any) -> None:
                 return
 
     claimer = asyncio.create_task(claim_hard())
-    await asyncio.sleep(0.1)
+    for _ in range(100):  # the drain lands while it claims: wait for its first claim
+        await asyncio.sleep(0.05)
+        if await db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'"):
+            break
     assert await fenced.mark_draining(db, epoch, "p", w, now=0)
     held = await db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'")
     await asyncio.wait_for(refused.wait(), 5)
