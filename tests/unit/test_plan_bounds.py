@@ -643,3 +643,38 @@ def test_the_service_time_weighs_each_read_by_its_completions() -> None:
     empty = burst.observe(Demand(0, 3, 0.0, 90.0, completed=0), None, NOW + 10, s)
     assert empty.service == 30.0
     assert empty.service_weight == pytest.approx(600 * math.exp(-10 / 60))
+
+
+def test_a_flapping_pool_holds_the_arrivals_level_not_a_backlog_peak() -> None:
+    # 30 s tasks at 1/s: the arrivals keep 30 in service. A burst's backlog had the
+    # pool sized for 90 for a minute (a running count working it off); the guard holds
+    # the arrivals' level over its 300 s, and the sized figures over the 60 s window.
+    s = spec(disruption_replicas=5, max_replicas=100, target_per_replica=3)
+    settings = replace(SETTINGS, flap_window=300.0, scale_down_window=60.0)
+    est = Estimates(service=30.0, service_at=NOW, startup=10.0)
+    times = [NOW - 300 + 10 * k for k in range(30)]
+    sized = tuple((t, 90 if t < NOW - 240 else 30) for t in times)
+    hist = PoolHistory(samples=sized, levels=tuple((t, 30) for t in times),
+                       estimates=est, flap_until=NOW + 100)
+    inputs = replace(pool(s, replicas=30), demand=Demand(0, 30, 1.0, 30.0))
+    got = run(snap(inputs), {"p": hist}, settings=settings).pool("p")
+    assert got.desired_replicas == 10, got.reason
+    assert got.history.levels[-1] == (NOW, 30)
+    assert any(x.startswith("arrivals' level = burst rate 1/s x service = 30 tasks")
+               for x in got.sizing)
+    # the burst's peak inside the ordinary window still holds the pool
+    recent = tuple((t, 90 if t >= NOW - 40 else 30) for t in times)
+    kept = run(snap(inputs), {"p": replace(hist, samples=recent)},
+               settings=settings).pool("p")
+    assert kept.desired_replicas == 30, kept.reason
+    # and a level that was higher within the flap window holds it too
+    high = tuple((t, 60 if t == NOW - 200 else 30) for t in times)
+    held_level = run(snap(inputs), {"p": replace(hist, levels=high)},
+                     settings=settings).pool("p")
+    assert held_level.desired_replicas == 20, held_level.reason
+
+
+def test_without_the_model_the_level_is_the_sized_figure() -> None:
+    inputs = replace(pool(spec(), replicas=2), demand=Demand(7, 3))  # no rate read
+    got = run(snap(inputs), {"p": held(10)}).pool("p")
+    assert got.history.levels[-1] == got.history.samples[-1] == (NOW, 10)

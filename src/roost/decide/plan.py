@@ -50,12 +50,25 @@ DB_BUDGET = "db_budget"
 REVISION_MISMATCH = "revision_mismatch"
 
 
+def _kept(series: list[tuple[float, int]], now: float, keep: float
+          ) -> tuple[tuple[float, int], ...]:
+    """``series`` from its newest value at or before ``now - keep`` on: that value
+    proves the window is covered."""
+    start = 0
+    for i, (t, _) in enumerate(series):
+        if t <= now - keep:
+            start = i
+    return tuple(series[start:])
+
+
 @dataclass(frozen=True, slots=True)
 class PoolHistory:
     """What the plan carries from tick to tick for one pool.
 
     ``samples`` are ``(time, tasks to size for)``, oldest first: the demand model's
     figure (`roost.decide.demand`), which is queued + running when no rate is known.
+    ``levels`` are ``(time, the arrivals' level)`` at the same times (`Sizing.level`;
+    the same figure as the sample without the model): what the flap guard holds.
     Tasks, not replica counts, so that changing a pool's target per replica takes
     effect at once. A gap in the data (a failed read) clears them: a window must be
     observed without holes before it can justify a change. ``targets`` are the replica
@@ -75,26 +88,26 @@ class PoolHistory:
     flap_until: float | None = None
     """Until then the pool scales down only after `PlanSettings.flap_window`: it had to
     grow again soon after it shrank."""
+    levels: tuple[tuple[float, int], ...] = ()
 
-    def add(self, now: float, outstanding: int, keep: float) -> PoolHistory:
-        samples = [*self.samples, (now, outstanding)]
-        # Keep the newest sample at or before now - keep: it proves coverage of the window.
-        start = 0
-        for i, (t, _) in enumerate(samples):
-            if t <= now - keep:
-                start = i
-        return replace(self, samples=tuple(samples[start:]))
+    def add(self, now: float, outstanding: int, keep: float, level: int | None = None
+            ) -> PoolHistory:
+        level = outstanding if level is None else level
+        return replace(self, samples=_kept([*self.samples, (now, outstanding)], now, keep),
+                       levels=_kept([*self.levels, (now, level)], now, keep))
 
-    def window(self, now: float, seconds: float) -> list[int] | None:
-        """Values demand took during ``[now - seconds, now]``, or None if the history
-        does not reach back that far."""
+    def window(self, now: float, seconds: float, *, levels: bool = False
+               ) -> list[int] | None:
+        """Values demand took during ``[now - seconds, now]`` (the arrivals' levels with
+        ``levels``), or None if the history does not reach back that far."""
+        series = self.levels if levels else self.samples
         start = None
-        for i, (t, _) in enumerate(self.samples):
+        for i, (t, _) in enumerate(series):
             if t <= now - seconds:
                 start = i
         if start is None:
             return None
-        return [v for _, v in self.samples[start:]]
+        return [v for _, v in series[start:]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +234,15 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
     up = hist.window(now, up_wait)
     wait = down_window(current, hist, now, s)
     down = hist.window(now, wait)
+    if flapping:
+        # The guard holds the arrivals' level over its window, and the sized figures
+        # (a burst's backlog included) over the ordinary window only: sized on a running
+        # count still working off the backlog, a burst's peak is not a level it recurs
+        # at. (A history without levels that far back keeps the sized figures.)
+        base = hist.window(now, scale_down_window(current, s))
+        levels = hist.window(now, wait, levels=True)
+        if base is not None and levels is not None:
+            down = [*base, *levels]
     room = raw_desired(sizing.reserve, target) if sizing.grows else 0
     if room > max(raw, current):
         return room, f"headroom: bursts recur; a small pool of short tasks grows to its " \
@@ -304,9 +326,9 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
     if p.demand is not None:
         sizing = size(p.demand, tracked.estimates, replicas=current or 0,
                       target=p.spec.target_per_replica, s=s, now=now)
-        hist = tracked.add(now, sizing.effective, keep)
+        hist = tracked.add(now, sizing.effective, keep, sizing.level)
     else:
-        hist = replace(tracked, samples=())
+        hist = replace(tracked, samples=(), levels=())
     raw = raw_desired(sizing.effective, p.spec.target_per_replica) if sizing else None
     explain = sizing.explain if sizing else ()
     frozen = global_freeze or _pool_freeze(p, now, s)
