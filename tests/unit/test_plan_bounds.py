@@ -674,6 +674,46 @@ def test_a_flapping_pool_holds_the_arrivals_level_not_a_backlog_peak() -> None:
     assert held_level.desired_replicas == 20, held_level.reason
 
 
+def test_the_level_is_kept_apart_from_the_sized_figure() -> None:
+    s = spec(max_replicas=100, target_per_replica=3)
+    est = Estimates(service=30.0, service_at=NOW, startup=10.0)
+    # 90 running where 1/s of 30 s tasks keep 30 busy: a backlog worked off
+    working = replace(pool(s, replicas=30), demand=Demand(0, 90, 1.0, 30.0))
+    h = run(snap(working), {"p": replace(held(30), estimates=est)}).pool("p").history
+    assert h.samples[-1] == (NOW, 90) and h.levels[-1] == (NOW, 30)
+    # the busiest 5 s (12/s) spread over a 30 s service time: 2/s, 60 in service
+    bursty = replace(pool(s, replicas=30), demand=Demand(0, 30, 1.0, 30.0, arrival_peak=12.0))
+    h = run(snap(bursty), {"p": replace(held(30), estimates=est)}).pool("p").history
+    assert h.levels[-1] == (NOW, 60)
+    # a gap in the data clears both
+    gap = replace(pool(s, replicas=30), demand=None)
+    h = run(snap(gap), {"p": replace(held(30), estimates=est)}).pool("p").history
+    assert h.samples == () and h.levels == ()
+
+
+def test_levels_hold_only_a_flapping_pool() -> None:
+    s = spec(disruption_replicas=5, max_replicas=100, target_per_replica=3)
+    settings = replace(SETTINGS, flap_window=300.0, scale_down_window=60.0)
+    est = Estimates(service=30.0, service_at=NOW, startup=10.0)
+    times = [NOW - 300 + 10 * k for k in range(30)]
+    hist = PoolHistory(samples=tuple((t, 30) for t in times),
+                       levels=tuple((t, 60 if t == NOW - 200 else 30) for t in times),
+                       estimates=est)
+    inputs = replace(pool(s, replicas=30), demand=Demand(0, 30, 1.0, 30.0))
+    calm = run(snap(inputs), {"p": hist}, settings=settings).pool("p")
+    assert calm.desired_replicas == 10, calm.reason  # not flapping: the 60 s window
+    flapping = run(snap(inputs), {"p": replace(hist, flap_until=NOW + 100)},
+                   settings=settings).pool("p")
+    assert flapping.desired_replicas == 20, flapping.reason
+    assert "the arrivals' level for 300s (flapping)" in flapping.reason
+    # a history whose levels do not reach back over the flap window keeps the sized
+    # figures over it, as before levels were kept
+    short = replace(hist, flap_until=NOW + 100, levels=hist.levels[-5:],
+                    samples=tuple((t, 90 if t == NOW - 200 else 30) for t in times))
+    old = run(snap(inputs), {"p": short}, settings=settings).pool("p")
+    assert old.desired_replicas == 30, old.reason
+
+
 def test_without_the_model_the_level_is_the_sized_figure() -> None:
     inputs = replace(pool(spec(), replicas=2), demand=Demand(7, 3))  # no rate read
     got = run(snap(inputs), {"p": held(10)}).pool("p")

@@ -105,11 +105,13 @@ def snap(*pools: PoolInputs, health: DbHealth | None = None, read_at: float = NO
 def held(outstanding: int | Iterable[int], *, seconds: float = 100, step: float = 10
          ) -> PoolHistory:
     """A history with a sample every ``step`` seconds over the past ``seconds``, ending
-    one step before NOW (the plan adds NOW's own sample)."""
+    one step before NOW (the plan adds NOW's own sample); the arrivals' levels the same
+    figures, as without the model."""
     n = int(seconds // step)
     values = [outstanding] * n if isinstance(outstanding, int) else list(outstanding)
     times = [NOW - step * (len(values) - i) for i in range(len(values))]
-    return PoolHistory(tuple(zip(times, values, strict=True)))
+    series = tuple(zip(times, values, strict=True))
+    return PoolHistory(series, levels=series)
 
 
 def run(s: Snapshot, history: Mapping[str, PoolHistory] | None = None, *,

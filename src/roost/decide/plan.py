@@ -89,9 +89,12 @@ class PoolHistory:
     """Until then the pool scales down only after `PlanSettings.flap_window`: it had to
     grow again soon after it shrank."""
     levels: tuple[tuple[float, int], ...] = ()
+    """``(time, the arrivals' level)``, at the samples' times (see above)."""
 
     def add(self, now: float, outstanding: int, keep: float, level: int | None = None
             ) -> PoolHistory:
+        # Without the model there is no level apart from the sized figure (queued +
+        # running, a backlog included): the guard then holds that, as it always did.
         level = outstanding if level is None else level
         return replace(self, samples=_kept([*self.samples, (now, outstanding)], now, keep),
                        levels=_kept([*self.levels, (now, level)], now, keep))
@@ -234,15 +237,18 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
     up = hist.window(now, up_wait)
     wait = down_window(current, hist, now, s)
     down = hist.window(now, wait)
+    held = f"{wait:.0f}s"  # how long the scale-down has waited, in the reason
     if flapping:
         # The guard holds the arrivals' level over its window, and the sized figures
         # (a burst's backlog included) over the ordinary window only: sized on a running
         # count still working off the backlog, a burst's peak is not a level it recurs
         # at. (A history without levels that far back keeps the sized figures.)
-        base = hist.window(now, scale_down_window(current, s))
+        ordinary = scale_down_window(current, s)
+        base = hist.window(now, ordinary)
         levels = hist.window(now, wait, levels=True)
         if base is not None and levels is not None:
             down = [*base, *levels]
+            held = f"{ordinary:.0f}s and the arrivals' level for {wait:.0f}s (flapping)"
     room = raw_desired(sizing.reserve, target) if sizing.grows else 0
     if room > max(raw, current):
         return room, f"headroom: bursts recur; a small pool of short tasks grows to its " \
@@ -259,7 +265,7 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
         high = raw_desired(max(down), target) if down else None
         if high is None or high >= current:
             return current, f"stabilization: demand {raw} < {current} not yet held for " \
-                            f"{wait:.0f}s"
+                            f"{held}"
         if p.demand.queued:
             return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
         # Room is held only for demand that recurs (the flap guard's signal): after a
@@ -268,9 +274,9 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
         if room >= current:
             return current, f"headroom: {sizing.reserve} tasks of room hold {current}"
         if room > high:
-            return room, f"demand below {current} for {wait:.0f}s, queue empty; headroom " \
+            return room, f"demand below {current} for {held}, queue empty; headroom " \
                          f"keeps {room}"
-        return high, f"demand below {current} for {wait:.0f}s, queue empty"
+        return high, f"demand below {current} for {held}, queue empty"
     return current, "demand matches replicas"
 
 
