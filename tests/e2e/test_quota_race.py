@@ -89,6 +89,24 @@ def _client(endpoint: str, key: dict[str, str]) -> Any:
         config=Config(retries={"total_max_attempts": 4, "mode": "standard"}))
 
 
+def _set_quota(env: dict[str, str], cluster: ThreadedCluster, account: str, vcpus: int) -> None:
+    """Set the standard class's quota, then wait until the cluster's own gateway (the one
+    ``clients[0]`` launches through) applies it: its copy of the accounts follows the
+    bucket a moment after the CLI writes it."""
+    _cli(env, cluster.nats.url, "accounts", "set-quota", account, "--vcpus",
+         f"standard={vcpus}")
+    keys = cluster.cluster.gateway.keys
+
+    def applied() -> int | None:
+        quotas = keys.quotas(account)
+        return None if quotas is None else quotas.vcpus.get("standard")
+
+    deadline = time.monotonic() + 10
+    while cluster.read(applied) != vcpus:
+        assert time.monotonic() < deadline, f"the gateway never applied a quota of {vcpus}"
+        time.sleep(0.05)
+
+
 def _usage(env: dict[str, str], url: str, account: str) -> dict[str, Any]:
     return dict(json.loads(_cli(env, url, "accounts", "show", account, "--json"))["usage"])
 
@@ -143,7 +161,7 @@ def test_two_gateways_racing_never_exceed_the_vcpu_quota(two_gateways: Any) -> N
     launched = [*launched[1:], again["Instances"][0]["InstanceId"]]
 
     # A launch that fails for want of room holds nothing afterwards.
-    _cli(env, url, "accounts", "set-quota", account, "--vcpus", "standard=200")
+    _set_quota(env, cluster, account, 200)
     with pytest.raises(ClientError) as err:
         ec2.run_instances(ImageId=IMAGE, InstanceType="m7i.8xlarge", MinCount=1, MaxCount=1)
     assert err.value.response["Error"]["Code"] == "InsufficientInstanceCapacity"
@@ -157,11 +175,11 @@ def test_two_gateways_racing_never_exceed_the_vcpu_quota(two_gateways: Any) -> N
                                             WaiterConfig={"Delay": 0.2, "MaxAttempts": 100})
     running = 2 * (len(launched) - 1)
     assert _usage(env, url, account)["vcpus"] == {"standard": running}
-    _cli(env, url, "accounts", "set-quota", account, "--vcpus", f"standard={running + 1}")
+    _set_quota(env, cluster, account, running + 1)
     with pytest.raises(ClientError) as err:
         ec2.start_instances(InstanceIds=[launched[0]])
     assert err.value.response["Error"]["Code"] == "VcpuLimitExceeded"
-    _cli(env, url, "accounts", "set-quota", account, "--vcpus", f"standard={running + 2}")
+    _set_quota(env, cluster, account, running + 2)
     ec2.start_instances(InstanceIds=[launched[0]])
     assert _usage(env, url, account)["vcpus"] == {"standard": running + 2}
     ec2.terminate_instances(InstanceIds=launched)
