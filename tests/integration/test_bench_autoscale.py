@@ -12,6 +12,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -23,7 +24,7 @@ from roost.bench.autoscale import (
     autoscale,
     run,
 )
-from roost.bench.suite import curves, label_held_out
+from roost.bench.suite import UNSEEN_SHAPES, curves, label_held_out
 from roost.bench.traces import default_data_dir
 from tests.traces import write_traces
 
@@ -287,3 +288,32 @@ def test_phases_read_the_bar_on_medians_over_where_the_tick_grid_falls(
     assert [r["medians"] for r in doc2["rows"]] == [r["medians"] for r in doc["rows"]]
     bad = CliRunner().invoke(autoscale, [*args, "--phases", "0", "--out", str(again)])
     assert bad.exit_code == 2 and "--phases" in bad.output
+
+
+def test_unseen_shapes_run_apart_from_the_suite_and_are_held_out(tmp_path: Path) -> None:
+    """``--unseen-shapes``: the four shapes the defaults were never chosen on, instead
+    of the suite's curves, each point labelled held out; each shape is a per-second
+    rate whose peak is 1.0, the same at the same seed; ``--trace`` finds them too."""
+    for name, make in UNSEEN_SHAPES.items():
+        a, b = make(np.random.default_rng(5)), make(np.random.default_rng(5))
+        assert np.array_equal(a, b), name
+        assert len(a) >= 60 * 60 and a.max() == pytest.approx(1.0), name
+        assert a.min() >= 0.05 and a.min() < 0.5, name  # a low level as well as the peak
+    out = tmp_path / "unseen"
+    result = CliRunner().invoke(autoscale, [
+        "--suite", "--unseen-shapes", "--only", "ramp-hold", "--peaks", "10",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "suite.json").read_text())
+    assert {(r["curve"], r["kind"]) for r in doc["rows"]} == {("ramp-hold", "held-out")}
+    assert len(doc["rows"]) == 4 and doc["settings"]["unseen_shapes"] is True
+    assert doc["summary"]["geomean_held_out"] == doc["summary"]["geomean_roost_over_hpa"]
+    assert "(--unseen-shapes)" in (out / "suite.md").read_text()
+    wrong = CliRunner().invoke(autoscale, ["--suite", "--unseen-shapes", "--only",
+                                           "sawtooth", "--out", str(out)])
+    assert wrong.exit_code == 1 and "no such curve: sawtooth" in wrong.output
+    traced = CliRunner().invoke(autoscale, [
+        "--data-dir", str(tmp_path / "none"), "--trace", "flash-crowd:10:10:0.2",
+        "--trace-between", "0:30"])
+    assert traced.exit_code == 0, traced.output
+    assert "flash-crowd peak 10/s" in traced.output

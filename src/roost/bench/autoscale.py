@@ -732,6 +732,10 @@ def _between(text: str) -> tuple[float, float]:
               help="With --suite: this run's seed (and --services' service times) were never "
               "looked at while the defaults were chosen: label its synthetic shapes (with "
               "--services, every point) held out in the results.")
+@click.option("--unseen-shapes", "unseen", is_flag=True,
+              help="With --suite: replay four shapes the defaults were never chosen on "
+              "(ramp-hold, flash-crowd, mmpp-three-level, heavy-tailed-bursts) instead of the "
+              "suite's curves, at the same matrix; every point is held out.")
 @click.option("--phases", "phase_count", type=click.IntRange(1, 20), default=1,
               show_default=True,
               help="With --suite: run roost and HPA on every point with their first tick at "
@@ -755,7 +759,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               small_pool_replicas: int, slo_seconds: float, seed: int, phase: float,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
               peaks: str | None, services: str | None, baselines: Path | None,
-              held_out: bool, phase_count: int, out_dir: Path, trace: str | None,
+              held_out: bool, unseen: bool, phase_count: int, out_dir: Path,
+              trace: str | None,
               trace_between: str | None) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if trace is not None:
@@ -772,7 +777,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                   only=None if only is None else set(only.split(",")),
                   peaks=None if peaks is None else _floats(peaks, "--peaks"),
                   services=None if services is None else _floats(services, "--services"),
-                  baselines=baselines, held_out=held_out, phase_count=phase_count)
+                  baselines=baselines, held_out=held_out, phase_count=phase_count,
+                  unseen=unseen)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

@@ -16,9 +16,12 @@ and KEDA as `roost.bench.autoscale` models them:
   read while choosing the start-up-aware capacity and the 5 s drain horizon.
 
 What stays held out is the seed: the synthetic shapes drawn at a seed never looked at
-while choosing (``--seed``; docs/autoscaling.md lists which), and service times the
-rules were not chosen on (``--services``). The suite cannot know which seeds were looked
-at: ``--held-out`` says so for a run, and labels its points (`label_held_out`).
+while choosing (``--seed``; docs/autoscaling.md lists which), service times the
+rules were not chosen on (``--services``), and four shapes written down after the rules
+and never used to choose them (``--unseen-shapes``: a ramp and hold, flash crowds
+that decay, a three-level Markov-modulated rate, heavy-tailed bursts). The suite cannot
+know which seeds were looked at: ``--held-out`` says so for a run, and labels its points
+(`label_held_out`).
 
 Each curve runs at every point of a matrix: peaks (tasks/s of the busiest minute),
 replica start-up times and mean service times. The default matrix is the issue's
@@ -79,6 +82,8 @@ class Point:
 # ------------------------------------------------------------------ synthetic shapes
 # Each returns per-second rates with a peak of 1.0, from its own generator.
 
+Shape = Callable[[np.random.Generator], npt.NDArray[np.float64]]
+
 def step_up(rng: np.random.Generator) -> npt.NDArray[np.float64]:
     out: npt.NDArray[np.float64] = np.concatenate([np.full(20 * 60, 0.1), np.full(40 * 60, 1.0)])
     return out
@@ -124,13 +129,81 @@ def onoff_poisson(rng: np.random.Generator) -> npt.NDArray[np.float64]:
     return r
 
 
-SHAPES: dict[str, Callable[[np.random.Generator], npt.NDArray[np.float64]]] = {
+SHAPES: dict[str, Shape] = {
     "step-up-10x": step_up,
     "step-down": step_down,
     "spike-train": spike_train,
     "sawtooth": sawtooth,
     "noisy-diurnal": noisy_diurnal,
     "on-off-poisson": onoff_poisson,
+}
+
+
+# ------------------------------------------------------------------ unseen shapes
+# Four more shapes, written down (and committed) before any rule ran on them, so that
+# they stay a test of the rules rather than a set to tune on: ``--unseen-shapes``.
+
+
+def ramp_hold(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """A trapezoid: 10 min low, a 15 min linear rise to the peak, 15 min there, a 10 min
+    linear fall, 10 min low."""
+    out: npt.NDArray[np.float64] = np.concatenate([
+        np.full(10 * 60, 0.1), np.linspace(0.1, 1.0, 15 * 60), np.full(15 * 60, 1.0),
+        np.linspace(1.0, 0.1, 10 * 60), np.full(10 * 60, 0.1)])
+    return out
+
+
+def flash_crowd(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Events at exponential gaps (mean 15 min, the first after minute 5), each a jump
+    to the peak that decays exponentially (time constant 1 to 4 min) over a tenth."""
+    t = np.arange(90 * 60, dtype=np.float64)
+    r = np.full(len(t), 0.1)
+    at = 300.0 + rng.exponential(900.0)
+    while at < len(t):
+        tau = rng.uniform(60.0, 240.0)
+        after = t >= at
+        r[after] += 0.9 * np.exp(-(t[after] - at) / tau)
+        at += rng.exponential(900.0)
+    out: npt.NDArray[np.float64] = np.clip(r, 0.0, 1.0)
+    return out
+
+
+def mmpp_three(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """A three-level Markov-modulated rate (a tenth, 0.4 and the peak): each level
+    holds for an exponential time (mean 2 min, at least 10 s), then one of the other
+    two follows at random."""
+    levels = (0.1, 0.4, 1.0)
+    out: list[npt.NDArray[np.float64]] = []
+    n, state = 0, 0
+    while n < 90 * 60:
+        length = max(10, int(rng.exponential(120)))
+        out.append(np.full(length, levels[state]))
+        n += length
+        state = (state + int(rng.integers(1, 3))) % 3
+    r: npt.NDArray[np.float64] = np.concatenate(out)[:90 * 60]
+    return r
+
+
+def heavy_tailed_bursts(rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """Bursts on a base of a fifth, at exponential gaps (mean 4 min): Pareto lengths
+    (shape 1.5, at least 5 s, at most 10 min), each lifting the rate to 0.5-1.0 of the
+    peak; overlapping bursts add (then the whole is scaled to its own peak)."""
+    r = np.full(90 * 60, 0.2)
+    at = rng.exponential(240.0)
+    while at < len(r):
+        length = min(600, int(5 * (1 + rng.pareto(1.5))))
+        start = int(at)
+        r[start:start + length] += rng.uniform(0.3, 0.8)
+        at += rng.exponential(240.0)
+    out: npt.NDArray[np.float64] = r / float(r.max())
+    return out
+
+
+UNSEEN_SHAPES: dict[str, Shape] = {
+    "ramp-hold": ramp_hold,
+    "flash-crowd": flash_crowd,
+    "mmpp-three-level": mmpp_three,
+    "heavy-tailed-bursts": heavy_tailed_bursts,
 }
 
 
@@ -150,7 +223,7 @@ class Curve:
 def _synthetic(name: str) -> Callable[[Point, int], Workload]:
     def make(pt: Point, seed: int) -> Workload:
         rng = np.random.default_rng(seed)
-        shape = SHAPES[name](rng)
+        shape = (SHAPES.get(name) or UNSEEN_SHAPES[name])(rng)
         return make_workload(list(shape * pt.peak), service_mean=pt.service,
                              service_sigma=SERVICE_SIGMA, seed=seed, resolution=1.0)
     return make
@@ -197,6 +270,11 @@ def _azure(path: Path) -> Callable[[Point, int], Workload]:
 
 def matrix(peaks: Sequence[float] = PEAKS) -> tuple[Point, ...]:
     return tuple(Point(p, s, d) for p in peaks for s in STARTUPS for d in SERVICES)
+
+
+def unseen_curves() -> list[Curve]:
+    """The unseen shapes at the suite's matrix, every point held out."""
+    return [Curve(name, HELD_OUT, "1 s", _synthetic(name), matrix()) for name in UNSEEN_SHAPES]
 
 
 def curves(data_dir: Path, *, full: bool) -> tuple[list[Curve], list[str]]:
@@ -426,6 +504,9 @@ def geomeans(s: dict[str, Any]) -> str:
 
 def _kinds(settings: dict[str, Any]) -> str:
     """What of this run is tuning and what is held out, in a sentence."""
+    if settings.get("unseen_shapes"):
+        return ("Every point of this run is held out (--unseen-shapes): demand shapes "
+                "written down after the defaults were chosen, and never used to choose them.")
     if not settings.get("held_out"):
         return ("Every point of this run is labelled tuning: the defaults were chosen on "
                 "every curve at seed 42 (the synthetic shapes, WorldCup98, the Azure LLM "

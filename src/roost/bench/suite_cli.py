@@ -36,6 +36,7 @@ from roost.bench.suite import (
     run_point,
     summary,
     table_rows,
+    unseen_curves,
 )
 from roost.decide.plan import Plan
 from roost.decide.snapshot import PlanSettings, PoolSpec, Snapshot
@@ -48,7 +49,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               only: set[str] | None, peaks: set[float] | None = None,
               services: set[float] | None = None,
               baselines: Path | None = None, held_out: bool = False,
-              phase_count: int = 1) -> dict[str, Any]:
+              phase_count: int = 1, unseen: bool = False) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
@@ -56,7 +57,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             kept = read_baselines(baselines, seed)
         except (OSError, ValueError, KeyError) as exc:
             raise click.ClickException(f"--baselines {baselines}: {exc}") from None
-    todo, missing = curves(data_dir, full=full)
+    todo, missing = ((unseen_curves(), []) if unseen else curves(data_dir, full=full))
     if only:
         unknown = only - {c.name for c in todo}
         if unknown:
@@ -101,7 +102,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
             "full": full, "peaks": sorted(peaks) if peaks else None,
             "services": sorted(services) if services else None,
-            "held_out": held_out, "phases": list(at),
+            "held_out": held_out, "unseen_shapes": unseen, "phases": list(at),
         },
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
@@ -155,6 +156,7 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
     minutes that missed the SLO, roost's and HPA's (simulated at the same ``phase``)."""
     name, pt = parse_point(point)
     todo, missing = curves(data_dir, full=True)
+    todo += unseen_curves()
     found = [c for c in todo if c.name == name]
     if not found:
         hint = f" ({'; '.join(missing)})" if missing else ""
