@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import base64
-import time
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
 from tests.e2e.conftest import IMAGE, ThreadedCluster
+from tests.polling import wait_until
 
 
 def run(ec2: Any, n: int = 1, *, itype: str = "t3.micro", **kw: Any) -> list[dict[str, Any]]:
@@ -19,13 +19,15 @@ def run(ec2: Any, n: int = 1, *, itype: str = "t3.micro", **kw: Any) -> list[dic
 
 
 def wait_state(ec2: Any, iid: str, state: str, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The instance as described once it is in ``state``."""
+    seen: list[str] = []
+
+    def there() -> dict[str, Any] | None:
         inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
-        if inst["State"]["Name"] == state:
-            return dict(inst)
-        assert time.monotonic() < deadline, f"{iid} is {inst['State']['Name']}, wanted {state}"
-        time.sleep(0.05)
+        seen.append(inst["State"]["Name"])
+        return dict(inst) if seen[-1] == state else None
+
+    return wait_until(f"{iid} {state}", there, timeout, detail=lambda: f"it is {seen[-1]}")
 
 
 def code(exc: pytest.ExceptionInfo[ClientError]) -> str:

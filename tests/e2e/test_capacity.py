@@ -4,7 +4,6 @@ span nodes or roll back completely."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
+from tests.e2e.test_boto3 import wait_state
+from tests.polling import wait_until
 
 # t3.nano asks for 2 vCPU and 512 MiB: nodes of 80, 120 and 200 vCPU hold exactly 200.
 CAPACITIES = ["80vcpu,64GiB", "120vcpu,64GiB", "200vcpu,128GiB"]
@@ -29,16 +30,6 @@ def launch(ec2: Any, itype: str = "t3.nano", n: int = 1, min_count: int | None =
     except ClientError as exc:
         return str(exc.response["Error"]["Code"])
     return [i["InstanceId"] for i in out["Instances"]]
-
-
-def wait_terminated(ec2: Any, iid: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        inst = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
-        if inst["State"]["Name"] == "terminated":
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{iid} did not terminate")
 
 
 @pytest.fixture
@@ -62,7 +53,7 @@ def test_200_concurrent_launches_at_exact_capacity(mixed: ThreadedCluster) -> No
     first = results[0]
     assert isinstance(first, list)
     ec2.terminate_instances(InstanceIds=first)
-    wait_terminated(ec2, first[0])
+    wait_state(ec2, first[0], "terminated")
     again = launch(ec2)
     assert isinstance(again, list) and len(again) == 1
 
@@ -76,18 +67,16 @@ def test_max_count_spans_nodes_and_min_count_rolls_back(cluster: ThreadedCluster
     assert sum(gained.values()) == 10 and len(+gained) == 3  # every node took some
     ec2.terminate_instances(InstanceIds=spread)
     for iid in spread:
-        wait_terminated(ec2, iid)
+        wait_state(ec2, iid, "terminated")
 
     free = 12 - sum(cluster.allocations().values())
     assert launch(ec2, "t3.micro", n=free + 5, min_count=free + 1) == (
         "InsufficientInstanceCapacity")
-    deadline = time.monotonic() + 10
-    while sum(cluster.allocations().values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert sum(cluster.allocations().values()) == 0, "the rollback left instances behind"
+    wait_until("the rollback leaves no instance behind",
+               lambda: sum(cluster.allocations().values()) == 0, detail=cluster.allocations)
 
     partial = launch(ec2, "t3.micro", n=free + 5, min_count=2)
     assert isinstance(partial, list) and len(partial) == free  # as many as fit, >= MinCount
     ec2.terminate_instances(InstanceIds=partial)
     for iid in partial:
-        wait_terminated(ec2, iid)
+        wait_state(ec2, iid, "terminated")

@@ -42,6 +42,7 @@ from roost.embedded import NatsCluster
 from roost.embedded.proc import free_port
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import wait_state
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.fault
 
@@ -126,10 +127,8 @@ def settle(cluster: ThreadedCluster, ec2: Any, ids: list[str]) -> None:
                 time.sleep(1.0)
     for iid in ids:
         wait_state(ec2, iid, "terminated", timeout=30)
-    deadline = time.monotonic() + 10
-    while any(cluster.allocations().values()):
-        assert time.monotonic() < deadline, f"leaked capacity: {cluster.allocations()}"
-        time.sleep(0.1)
+    wait_until("capacity given back", lambda: not any(cluster.allocations().values()), 10, 0.1,
+               detail=lambda: f"leaked capacity: {cluster.allocations()}")
 
 
 def test_nats_killed_and_restarted_under_load(fcluster: ThreadedCluster) -> None:
@@ -143,11 +142,9 @@ def test_nats_killed_and_restarted_under_load(fcluster: ThreadedCluster) -> None
         time.sleep(2.0)
         server.start()
         restarted = time.monotonic()
-        deadline = restarted + 30
-        while not load.ok_times or load.ok_times[-1] < restarted:
-            assert time.monotonic() < deadline, f"no launch succeeded after the restart: " \
-                                                f"{dict(load.outcomes)}"
-            time.sleep(0.05)
+        wait_for("a launch succeeds after the restart",
+                 lambda: load.ok_times and load.ok_times[-1] >= restarted, 30,
+                 lambda: f"outcomes {dict(load.outcomes)}")
         recovered = load.ok_times[-1] - restarted
         time.sleep(1.0)
     print(f"\nNATS down {restarted - killed:.1f} s; first launch after restart "
@@ -186,10 +183,8 @@ def test_kv_writes_failing_during_launches(fcluster: ThreadedCluster) -> None:
     assert sum(len(n._unpublished) for n in nodes) == len(ids)  # held in the outbox
     fcluster.run(bring_back())
     started = time.monotonic()
-    while any(n._unpublished for n in nodes):
-        assert time.monotonic() - started < 20, "records never reached the bucket"
-        time.sleep(0.05)
-    published = time.monotonic() - started
+    published = wait_for("records reach the bucket",
+                         lambda: not any(n._unpublished for n in nodes), 20)
     # The gateways' mirror follows the new bucket at once (it re-watches on JetStream's
     # stream-created advisory): every instance shows as running.
     for iid in ids:
@@ -270,15 +265,12 @@ def view(cluster: ThreadedCluster) -> Any:
     return service.view
 
 
-def wait_for(what: str, check: Any, timeout: float,
-             detail: Callable[[], str] | None = None) -> float:
-    """Poll ``check`` until true; the seconds it took. ``detail`` says what was seen,
+def wait_for(what: str, check: Callable[[], object], timeout: float,
+             detail: Callable[[], object] | None = None) -> float:
+    """``wait_until``, timed: the seconds it took. ``detail`` says what was seen,
     should it never come."""
     started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, (
-            f"{what}: not within {timeout} s" + (f"; {detail()}" if detail else ""))
-        time.sleep(0.05)
+    wait_until(what, check, timeout, detail=detail)
     return time.monotonic() - started
 
 

@@ -22,6 +22,7 @@ from roost.gateway.server import Gateway, GatewayConfig
 from tests.e2e.conftest import ThreadedCluster, make_cluster
 from tests.e2e.test_instance_actions import aws_cli
 from tests.e2e.test_network import fails
+from tests.polling import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -97,19 +98,14 @@ def test_register_describe_and_deregister(icluster: ThreadedCluster,
     # Another gateway on the same bus sees both, and can deregister them.
     gw, other = _second_gateway(icluster)
     try:
-        deadline = time.monotonic() + 10
-        while {kid, did} - {i["ImageId"] for i in other.describe_images()["Images"]}:
-            assert time.monotonic() < deadline, "the second gateway never saw the images"
-            time.sleep(0.1)
+        wait_until("the second gateway sees the images", lambda: {kid, did} <= {
+            i["ImageId"] for i in other.describe_images()["Images"]}, 10, 0.1)
         fails("InvalidAMIName.Duplicate", other.register_image, Name="my-disk",
               ImageLocation=str(files["disk"]))
         other.deregister_image(ImageId=did)
     finally:
         icluster.run(gw.stop())
-    deadline = time.monotonic() + 10
-    while did in ids():
-        assert time.monotonic() < deadline, "the deregistration never reached this gateway"
-        time.sleep(0.1)
+    wait_until("the deregistration reaches this gateway", lambda: did not in ids(), 10, 0.1)
     fails("InvalidAMIID.NotFound", ec2.describe_images, ImageIds=[did])
     fails("InvalidAMIID.NotFound", ec2.deregister_image, ImageId=did)
     fails("InvalidAMIID.NotFound", ec2.run_instances, ImageId=did, InstanceType="t3.nano",

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from botocore.exceptions import ClientError
 
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import code, run, wait_state
+from tests.polling import wait_until
 
 AWS = Path(sys.executable).parent / "aws"
 
@@ -64,15 +64,17 @@ def ec2(pcluster: ThreadedCluster) -> Iterator[Any]:
 
 def console(ec2: Any, iid: str, marker: str, timeout: float = 10.0) -> str:
     """The decoded console once it holds ``marker``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    last = {"text": ""}
+
+    def holding() -> dict[str, Any] | None:
         out = ec2.get_console_output(InstanceId=iid, Latest=True)
-        text = str(out.get("Output", ""))  # botocore decodes EC2's base64 itself
-        if marker in text:
-            assert out["InstanceId"] == iid and out["Timestamp"].tzinfo is not None
-            return text
-        assert time.monotonic() < deadline, f"{marker!r} never reached the console: {text!r}"
-        time.sleep(0.1)
+        last["text"] = str(out.get("Output", ""))  # botocore decodes EC2's base64 itself
+        return dict(out) if marker in last["text"] else None
+
+    out = wait_until(f"{marker!r} reaches the console", holding, timeout, 0.1,
+                     detail=lambda: f"it holds {last['text']!r}")
+    assert out["InstanceId"] == iid and out["Timestamp"].tzinfo is not None
+    return last["text"]
 
 
 def test_console_output_shows_what_the_instance_printed(ec2: Any) -> None:
@@ -101,10 +103,8 @@ def test_reboot_restarts_the_program_in_place(ec2: Any, pcluster: ThreadedCluste
     iid = inst["InstanceId"]
     first = console(ec2, iid, "booted-")
     ec2.reboot_instances(InstanceIds=[iid])
-    deadline = time.monotonic() + 15
-    while console(ec2, iid, "booted-").count("booted-") < 2:
-        assert time.monotonic() < deadline, "the instance did not boot again"
-        time.sleep(0.1)
+    wait_until("the instance boots again",
+               lambda: console(ec2, iid, "booted-").count("booted-") >= 2, 15, 0.1)
     after = wait_state(ec2, iid, "running")
     assert after["InstanceId"] == iid and after["State"]["Name"] == "running"
     assert first.count("booted-") == 1

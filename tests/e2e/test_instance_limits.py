@@ -21,6 +21,7 @@ from roost.node.drivers import alive, start_ticks
 from tests.e2e.conftest import ThreadedCluster, make_cluster
 from tests.e2e.test_boto3 import wait_state
 from tests.e2e.test_instance_actions import console
+from tests.polling import wait_until
 
 PYTHON_IMAGE = "ami-00000000000000002"
 ONE_VCPU = InstanceType("test.one", cpu_milli=1000, mem_mib=512, pids_max=64)
@@ -128,10 +129,8 @@ def test_a_double_forked_daemon_dies_with_terminate(ec2: Any, tmp_path: Path) ->
               "echo started\nexec sleep 600\n")
     iid = ec2.launch("t3.micro", script, image="ami-00000000000000001")
     console(ec2, iid, "started")
-    deadline = time.monotonic() + 10
-    while not (pid_file.exists() and pid_file.read_text().strip()):
-        assert time.monotonic() < deadline, "the daemon never wrote its pid"
-        time.sleep(0.05)
+    wait_until("the daemon writes its pid",
+               lambda: pid_file.exists() and pid_file.read_text().strip())
     daemon = int(pid_file.read_text())
     ticks = start_ticks(daemon)
     assert ticks is not None

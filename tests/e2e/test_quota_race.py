@@ -27,6 +27,7 @@ from roost.cli import main
 from roost.embedded.proc import free_port
 from roost.gateway.accounts import OPERATOR_KEY_ENV
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
+from tests.polling import wait_until
 
 LIMIT = 9  # vCPUs of the standard class; t3.micro has 2, so 4 fit and a 5th would not
 LAUNCHES = 12
@@ -101,10 +102,9 @@ def _set_quota(env: dict[str, str], cluster: ThreadedCluster, account: str, vcpu
         quotas = keys.quotas(account)
         return None if quotas is None else quotas.vcpus.get("standard")
 
-    deadline = time.monotonic() + 10
-    while cluster.read(applied) != vcpus:
-        assert time.monotonic() < deadline, f"the gateway never applied a quota of {vcpus}"
-        time.sleep(0.05)
+    wait_until(f"the gateway applies a quota of {vcpus}",
+               lambda: cluster.read(applied) == vcpus,
+               detail=lambda: f"it holds {cluster.read(applied)}")
 
 
 def _usage(env: dict[str, str], url: str, account: str) -> dict[str, Any]:
@@ -154,9 +154,8 @@ def test_two_gateways_racing_never_exceed_the_vcpu_quota(two_gateways: Any) -> N
     # A terminated instance gives its vCPUs back (released as the gateways see it end).
     ec2 = clients[0]
     ec2.terminate_instances(InstanceIds=[launched[0]])
-    while _usage(env, url, account)["vcpus"]["standard"] != 2 * (len(launched) - 1):
-        assert time.monotonic() < deadline + 30, "the quota was not released"
-        time.sleep(0.1)
+    wait_until("the quota released", lambda: _usage(env, url, account)["vcpus"]["standard"]
+               == 2 * (len(launched) - 1), 30, 0.1)
     again = ec2.run_instances(ImageId=IMAGE, InstanceType="t3.micro", MinCount=1, MaxCount=1)
     launched = [*launched[1:], again["Instances"][0]["InstanceId"]]
 

@@ -6,7 +6,6 @@ record, which IMDS serves from, and the instance attributes recorded beside the 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,19 +15,13 @@ from botocore.exceptions import ClientError
 from roost.node.imds_tree import find, instance_tree
 from roost.node.metadata import metadata_for
 from tests.e2e.conftest import IMAGE, ThreadedCluster
+from tests.polling import wait_until
 
 
 def _code(call: Callable[..., Any], **kw: Any) -> str:
     with pytest.raises(ClientError) as exc:
         call(**kw)
     return str(exc.value.response["Error"]["Code"])
-
-
-def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.05)
 
 
 def _launch(ec2: Any, **kw: Any) -> dict[str, Any]:
@@ -58,7 +51,8 @@ def test_launch_mappings_are_volumes_and_termination_keeps_what_it_should(ec2: A
     assert all(v["Tags"] == [{"Key": "k", "Value": "v"}] for v in mine.values())
 
     ec2.terminate_instances(InstanceIds=[iid])
-    _until(lambda: set(mine) & set(_volumes(ec2)) == {kept})
+    wait_until("only the kept volume outlives the instance",
+               lambda: set(mine) & set(_volumes(ec2)) == {kept})
     after = _volumes(ec2, VolumeIds=[kept])[kept]
     assert after["State"] == "available" and after["Attachments"] == []
     ec2.delete_volume(VolumeId=kept)
@@ -155,7 +149,7 @@ def test_key_pair_reaches_the_record_and_imds(cluster: ThreadedCluster, ec2: Any
     ec2.create_key_pair(KeyName="imds-key", KeyType="ed25519")
     try:
         iid = _launch(ec2, KeyName="imds-key")["InstanceId"]
-        _until(lambda: cluster.record(iid) is not None)
+        wait_until("the record mirrored", lambda: cluster.record(iid) is not None)
         rec = cluster.record(iid)
         assert rec is not None and rec.net.public_key.startswith("ssh-ed25519 ")
         tree = instance_tree(metadata_for(rec, None))

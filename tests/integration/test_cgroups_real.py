@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,21 +29,13 @@ from roost.node.cgroups import (
     root_name,
 )
 from roost.node.cgroups import detect as detect_cgroups
+from tests.polling import wait_until
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 
 
 def node_id() -> str:
     return f"test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def gone(pid: int) -> bool:
@@ -55,8 +47,9 @@ def gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def emptied(group: InstanceCgroup) -> bool:
-    return eventually(lambda: not group.populated())
+def emptied(group: InstanceCgroup) -> None:
+    wait_until(f"{group} emptied", lambda: not group.populated(), 5.0, 0.02,
+               detail=lambda: f"pids {group.pids()}")
 
 
 def teardown(cg: Cgroups) -> None:
@@ -65,14 +58,15 @@ def teardown(cg: Cgroups) -> None:
         group = cg.open(instance_id)
         assert group is not None
         group.kill_all(signal.SIGKILL)
-        assert emptied(group), f"{group} never emptied"
+        emptied(group)
         group.remove()
     cg.remove_root()
 
 
 def run_in(group: InstanceCgroup, argv: list[str]) -> subprocess.Popen[bytes]:
     child = subprocess.Popen(group.join_command(argv))
-    assert eventually(lambda: child.pid in group.pids() or child.poll() is not None)
+    wait_until("the child in the group (or exited)",
+               lambda: child.pid in group.pids() or child.poll() is not None, 5.0, 0.02)
     return child
 
 
@@ -127,7 +121,7 @@ def test_v1_child_joins_before_running_and_is_listed(v1: Cgroups) -> None:
     finally:
         child.kill()
         child.wait()
-    assert emptied(group)
+    emptied(group)
     group.remove()
     assert v1.instance_ids() == [] and v1.open("i-join") is None
     assert not any(d.exists() for d in group.dirs.values())
@@ -182,14 +176,16 @@ def test_v1_fork_bomb_is_capped_and_killed(v1: Cgroups) -> None:
     bomb = run_in(group, [shell, "-c", "while :; do sleep 100 & done 2>/dev/null"])
     pids_dir = group.dirs["pids"]
     try:
-        assert eventually(lambda: len(group.pids()) >= limits.pids_max - 1)
+        wait_until("the bomb at the pids limit",
+                   lambda: len(group.pids()) >= limits.pids_max - 1, 5.0, 0.02,
+                   detail=lambda: f"{len(group.pids())} pids")
         time.sleep(0.5)
         assert int((pids_dir / "pids.current").read_text()) <= limits.pids_max
         assert len(group.pids()) <= limits.pids_max
         assert "max 0" not in (pids_dir / "pids.events").read_text()  # forks were refused
         assert bomb.poll() is None  # still trying
         assert group.kill_all(signal.SIGKILL) >= limits.pids_max - 1
-        assert emptied(group), group.pids()
+        emptied(group)
         assert bomb.wait(5) == -signal.SIGKILL
     finally:
         bomb.kill()
@@ -208,11 +204,12 @@ def test_v1_detached_daemon_dies_with_the_group(v1: Cgroups, tmp_path: Path) -> 
     assert not gone(daemon)
     # Its own session (a process-group kill misses it), once setsid(1) has run in the
     # child: `$!` is known as soon as the shell forks, a moment before that.
-    assert eventually(lambda: os.getsid(daemon) != os.getsid(0))
+    wait_until("the daemon in its own session",
+               lambda: os.getsid(daemon) != os.getsid(0), 5.0, 0.02)
     assert group.pids() == {daemon} and v1.group_of(daemon) == "i-daemon"
     assert group.kill_all(signal.SIGKILL) == 1
-    assert eventually(lambda: gone(daemon))
-    assert emptied(group)
+    wait_until("the daemon gone", lambda: gone(daemon), 5.0, 0.02)
+    emptied(group)
     group.remove()
 
 
@@ -238,6 +235,6 @@ def test_v2_membership_freeze_and_kill(v2: Cgroups) -> None:
         for child in (first, second):
             child.kill()
             child.wait()
-    assert emptied(group)
+    emptied(group)
     group.remove()
     assert v2.open("i-v2") is None

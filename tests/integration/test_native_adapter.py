@@ -30,6 +30,7 @@ from roost.controller.adapters.native import (
 from roost.controller.config import ControllerConfig
 from roost.controller.orchestrator import (
     PoolRef,
+    PoolState,
     ScaleRejected,
     ScaleResult,
     UnknownPool,
@@ -48,6 +49,7 @@ from tests.integration.test_controller_helpers import open_db, pool_spec
 from tests.integration.worker_helpers import eventually, task_row
 from tests.orchestrator_contract import ContractHarness, OrchestratorContract
 from tests.pgproxy import PgProxy
+from tests.polling import until
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = "type=t3.small; target=tests.worker_tasks:slow; concurrency=2"
@@ -78,14 +80,14 @@ def _settings(cluster: ThreadedCluster, endpoint: str) -> NativeSettings:
 
 
 async def _settle(orch: NativeOrchestrator, pool: PoolRef, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = await orch.pool_state(pool)
-        if state.settled:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"pool {pool.pool_id} did not settle: {state}")
-        await asyncio.sleep(0.05)
+    seen: dict[str, PoolState] = {}
+
+    async def settled() -> bool:
+        seen["state"] = await orch.pool_state(pool)
+        return seen["state"].settled
+
+    await until(f"pool {pool.pool_id} settled", settled, timeout, 0.05,
+                detail=lambda: seen["state"])
 
 
 @pytest.fixture

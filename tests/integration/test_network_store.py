@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats
@@ -19,6 +19,7 @@ from roost.domain.errors import InvalidIPAddressInUse
 from roost.domain.network import PUBLIC_POOL_ID, SecurityGroup
 from roost.embedded import NatsServer
 from roost.gateway.network import ORPHAN_AFTER, NetworkStore
+from tests.polling import until
 
 
 async def _store(nc: Client) -> NetworkStore:
@@ -60,20 +61,14 @@ async def test_release_is_by_revision(stores: tuple[NetworkStore, NetworkStore])
     subnet = a.default_subnet_for("roost-1a")
     ip = await a.allocate(subnet, "r-1")
     await a.release(subnet.subnet_id, ip, "r-1")
-    await _until(lambda: b.addresses_in_use(subnet.subnet_id) == 0)  # b's mirror saw it go
+    await until("b's mirror sees the address go",
+                lambda: b.addresses_in_use(subnet.subnet_id) == 0)
     again = await b.allocate(subnet, "r-2", ip)  # free again, taken by another launch
-    await _until(lambda: a.addresses_in_use(subnet.subnet_id) == 1)  # a's mirror saw it
+    await until("a's mirror sees it taken again",
+                lambda: a.addresses_in_use(subnet.subnet_id) == 1)
     await a.release(subnet.subnet_id, ip, "r-1")  # a late release of the old holder
     await asyncio.sleep(0.2)
     assert again == ip and a.addresses_in_use(subnet.subnet_id) == 1
-
-
-async def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for a mirror to catch up (milliseconds here; seconds on a loaded machine)."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "the mirror did not catch up"
-        await asyncio.sleep(0.02)
 
 
 async def test_terminated_instance_gives_its_addresses_back(
@@ -83,8 +78,9 @@ async def test_terminated_instance_gives_its_addresses_back(
     ip = await a.allocate(subnet, "r-1-0")
     public = await a.allocate(a.public_pool, "r-1-0")
     # b releases only what its own copy holds: wait until it holds both
-    await _until(lambda: b.addresses_in_use(subnet.subnet_id) == 1
-                 and b.addresses_in_use(PUBLIC_POOL_ID) == 1)
+    await until("b's mirror holds both addresses",
+                lambda: b.addresses_in_use(subnet.subnet_id) == 1
+                and b.addresses_in_use(PUBLIC_POOL_ID) == 1)
     rec = s.InstanceRecord(instance_id="i-0123456789abcdef0", node_id="n1",
                            instance_type="t3.micro", image_id="ami-00000000000000001",
                            state="running", launch_id="r-1-0", reservation_id="r-1",
@@ -107,7 +103,8 @@ async def test_a_stopped_instance_gives_its_public_address_back(
     a, b = stores
     old = await a.allocate(a.public_pool, "r-2-0")
     new = await a.allocate(a.public_pool, "r-2-0")  # started again: a new one
-    await _until(lambda: b.addresses_in_use(PUBLIC_POOL_ID) == 2)  # b's copy holds both
+    await until("b's mirror holds both public addresses",
+                lambda: b.addresses_in_use(PUBLIC_POOL_ID) == 2)
     rec = s.InstanceRecord(instance_id="i-0123456789abcdef1", node_id="n1",
                            instance_type="t3.micro", image_id="ami-00000000000000001",
                            state="running", launch_id="r-2-0", reservation_id="r-2",
@@ -185,10 +182,9 @@ async def test_two_gateways_deleting_a_default_subnet_one_wins(
             *(store.mark_removed(subnet, removed=removed, already=KeyError(removed))
               for store in (a, b)), return_exceptions=True)
         assert sorted(type(o).__name__ for o in outcomes) == ["KeyError", "Subnet"], outcomes
-        deadline = time.monotonic() + 10  # the winner's write reaches the other mirror
-        while (any(st.removed(subnet.subnet_id) is not removed for st in (a, b))  # noqa: ASYNC110
-               and time.monotonic() < deadline):
-            await asyncio.sleep(0.02)
+        await until(f"the winner's write (removed={removed}) reaches the other mirror",
+                    lambda: all(st.removed(subnet.subnet_id) is removed  # noqa: B023
+                                for st in (a, b)))  # (awaited in this iteration)
         for store in (a, b):
             assert store.removed(subnet.subnet_id) is removed
             assert (store.default_subnet_for("roost-1a") is None) is removed

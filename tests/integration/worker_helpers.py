@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from roost.store import pools as pools_q
 from roost.worker import ExitReason, Worker, WorkerConfig
 from tests.integration.test_controller_helpers import open_db, pool_spec
+from tests.polling import until
 
 FAST = dict(concurrency=1, lease=1.0, heartbeat_interval=0.2, poll_interval=0.05,
             retry_backoff=0.05, retry_backoff_max=0.2, revision="r1")
@@ -30,16 +30,8 @@ async def open_pool_db(dsn: str, *pools: str) -> Any:
 
 async def eventually(check: Callable[[], Awaitable[bool]] | Callable[[], bool], *,
                      timeout: float = 10.0, every: float = 0.02, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(every)
+    """``tests.polling.until``, by the keywords these tests call it with."""
+    await until(what or repr(check), check, timeout, every)
 
 
 @contextlib.asynccontextmanager

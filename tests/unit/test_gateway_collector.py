@@ -5,18 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
-from collections.abc import Callable
 
 from roost.gateway.collector import Collector
-
-
-async def _until(done: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Seconds on a loaded machine; the looks are every 50 ms."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, "the collector policy did not act in time"
-        await asyncio.sleep(0.01)
+from tests.polling import until
 
 
 async def _drive() -> None:
@@ -24,14 +15,14 @@ async def _drive() -> None:
     c = Collector(thaw_every=1.0, look_every=0.05, each_look=lambda: looks.append(1.0))
     task = asyncio.create_task(c.run())
     try:
-        await _until(lambda: len(looks) >= 2)  # the hook runs at every look
+        await until("the hook runs at every look", lambda: len(looks) >= 2)
         assert c.freezes == 0  # no full collection to freeze after yet
         gc.collect()
-        await _until(lambda: c.freezes == 1)
+        await until("a freeze after the full collection", lambda: c.freezes == 1)
         assert gc.get_freeze_count() > 0
         await asyncio.sleep(0.2)
         assert c.freezes == 1  # once per full collection, not per look
-        await _until(lambda: c.thaws >= 1)
+        await until("a thaw on schedule", lambda: c.thaws >= 1)
         assert gc.get_freeze_count() == 0
     finally:
         task.cancel()
