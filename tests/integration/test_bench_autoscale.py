@@ -317,3 +317,27 @@ def test_unseen_shapes_run_apart_from_the_suite_and_are_held_out(tmp_path: Path)
         "--trace-between", "0:30"])
     assert traced.exit_code == 0, traced.output
     assert "flash-crowd peak 10/s" in traced.output
+
+
+def test_a_pools_own_scale_down_window_in_the_bench(tmp_path: Path) -> None:
+    """``--pool-down-window``: roost's pool holds its size for that window (the
+    reasons say so), the suite records it and says it is an operator's choice, not
+    the defaults; out of HPA's range it is a usage error."""
+    args = ["--data-dir", str(tmp_path / "none"), "--trace", "spike-train:100:10:0.2",
+            "--trace-between", "170:260"]
+    own = CliRunner().invoke(autoscale, [*args, "--pool-down-window", "300"])
+    assert own.exit_code == 0, own.output
+    assert "stabilization: demand 1 < 5 not yet held for 300s" in own.output
+    plain = CliRunner().invoke(autoscale, args)
+    assert "not yet held for 300s" not in plain.output
+    assert "not yet held for 60s" in plain.output
+    out = tmp_path / "suite"
+    result = CliRunner().invoke(autoscale, [
+        "--suite", "--data-dir", str(tmp_path / "none"), "--only", "step-down",
+        "--peaks", "10", "--pool-down-window", "120", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "suite.json").read_text())
+    assert doc["settings"]["pool"]["scale_down_window"] == 120
+    assert "its own scale-down window of 120 s" in (out / "suite.md").read_text()
+    bad = CliRunner().invoke(autoscale, [*args, "--pool-down-window", "3601"])
+    assert bad.exit_code == 2 and "--pool-down-window" in bad.output

@@ -117,3 +117,24 @@ async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
     assert upd.exit_code == 1 and "disruption_replicas must be >= 1" in upd.output
     listed = await invoke(pools, "list", "--json", env=env)
     assert json.loads(listed.output)[0]["disruption_replicas"] == 2  # unchanged
+
+    # a pool's own scale-down window: set, refused out of HPA's range, back to the
+    # controller's with 'default'; a word that is not seconds is a usage error
+    assert json.loads(listed.output)[0]["scale_down_window"] is None
+    own = await invoke(pools, "update", "ok", "--scale-down-window", "300", "--json", env=env)
+    assert own.exit_code == 0 and json.loads(own.output)[0]["scale_down_window"] == 300
+    shown = await invoke(pools, "list", env={**env, "COLUMNS": "200"})
+    assert "300s" in shown.output, shown.output
+    for bad in ("3601", "-1"):
+        res = await invoke(pools, "update", "ok", "--scale-down-window", bad, env=env)
+        assert res.exit_code == 1 and "scale_down_window must be within 0..3600" in res.output
+    res = await invoke(pools, "update", "ok", "--scale-down-window", "5m", env=env)
+    assert res.exit_code == 2 and "not whole seconds or 'default'" in res.output
+    listed = await invoke(pools, "list", "--json", env=env)
+    assert json.loads(listed.output)[0]["scale_down_window"] == 300  # nothing lost
+    back = await invoke(pools, "update", "ok", "--scale-down-window", "default", "--json",
+                        env=env)
+    assert back.exit_code == 0 and json.loads(back.output)[0]["scale_down_window"] is None
+    made = await invoke(pools, "create", "quick", *base, "--scale-down-window", "0", "--json",
+                        env=env)
+    assert made.exit_code == 0 and json.loads(made.output)[0]["scale_down_window"] == 0

@@ -112,6 +112,33 @@ def test_small_pool_waits_longer(rule: str, replicas: int, idle_for: int,
         assert f"for {60 * max(1, 5 / replicas):.0f}s" in p.reason, rule
 
 
+@pytest.mark.parametrize(
+    ("rule", "own", "replicas", "idle_for", "desired"),
+    [
+        ("a pool's 300 s holds a large pool past the controller's 60 s", 300, 8, 290, 8),
+        ("a pool's 300 s scales it down at 300 s", 300, 8, 300, 0),
+        ("a pool's 30 s replaces the small-pool 150 s: idle 30 s scales down", 30, 2, 30, 0),
+        ("a pool's 30 s: idle 20 s holds", 30, 2, 20, 2),
+        ("a pool's 0 s scales down at the first idle read", 0, 4, 0, 0),
+    ],
+)
+def test_a_pools_own_scale_down_window_replaces_the_controllers(
+        rule: str, own: int, replicas: int, idle_for: int, desired: int) -> None:
+    """``PoolSpec.scale_down_window`` (HPA's per-object stabilization) is the window,
+    whatever the controller's and its small-pool lengthening would be."""
+    settings = replace(SETTINGS, small_pool_replicas=5)
+    history = held([50] * 40 + [0] * (idle_for // 10))  # 50 tasks: 10 replicas' worth
+    p = run(snap(pool(spec(scale_down_window=own), replicas=replicas)), {"p": history},
+            settings=settings)
+    assert p.pool("p").desired_replicas == desired, rule
+    if desired == replicas:
+        assert f"not yet held for {own}s" in p.pool("p").reason, rule
+    else:
+        assert f"for {own}s" in p.pool("p").reason, rule
+    # the history reaches back over the pool's own window
+    assert NOW - p.history["p"].samples[0][0] >= own
+
+
 def test_the_small_pool_window_is_kept_in_the_history() -> None:
     settings = replace(SETTINGS, small_pool_replicas=5)
     hist = run(snap(pool(replicas=1)), {"p": held(0, seconds=1000)}, settings=settings).history

@@ -274,6 +274,8 @@ def test_a_committed_batch_is_finished_with_its_count() -> None:
         ({"disruption_replicas": 0}, "disruption_replicas must be >= 1"),
         ({"disruption_replicas": -2}, "disruption_replicas must be >= 1"),
         ({"disruption_percent": 101}, "disruption_percent must be within 0..100"),
+        ({"scale_down_window": -1}, "scale_down_window must be within 0..3600"),
+        ({"scale_down_window": 3601}, "scale_down_window must be within 0..3600"),
     ],
 )
 def test_bad_bounds_are_named(change: dict[str, int], words: str) -> None:

@@ -61,6 +61,7 @@ from roost.bench.traces import default_data_dir
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
 from roost.decide.plan import Plan, PoolHistory, plan
 from roost.decide.snapshot import (
+    MAX_SCALE_DOWN_WINDOW,
     DbHealth,
     Demand,
     Infra,
@@ -200,6 +201,9 @@ class SimConfig:
     comes at its interval x (1 + phase). A curve whose bursts start on multiples of a
     policy's tick (the spike train's, every 300 s, on HPA's 15 s and roost's 10 s) is
     seen differently at each phase."""
+    pool_down_window: int | None = None
+    """The pool's own scale-down window (`PoolSpec.scale_down_window`) for roost; None:
+    the controller's."""
 
 
 class Pool:
@@ -365,7 +369,8 @@ class RoostPolicy:
         self.spec = PoolSpec(POOL, min_replicas=cfg.min_replicas,
                              max_replicas=cfg.max_replicas,
                              target_per_replica=cfg.target_per_replica,
-                             worker_cpu_milli=500, worker_mem_mib=512, worker_db_pool_size=1)
+                             worker_cpu_milli=500, worker_mem_mib=512, worker_db_pool_size=1,
+                             scale_down_window=cfg.pool_down_window)
         self.node = NodeFigures("sim-node", 10_000_000, 100_000_000, 0, 0)
         self.settings = cfg.settings
 
@@ -699,6 +704,12 @@ def _between(text: str) -> tuple[float, float]:
 @click.option("--small-pool", "small_pool_replicas", type=click.IntRange(1),
               default=PlanSettings().small_pool_replicas, show_default=True,
               help="roost's PlanSettings.small_pool_replicas (1: off).")
+@click.option("--pool-down-window", type=click.IntRange(0, MAX_SCALE_DOWN_WINDOW),
+              default=None,
+              help="roost's pool its own scale-down window, seconds (PoolSpec."
+              "scale_down_window, `roost pools create --scale-down-window`; default: the "
+              "controller's). Also with --suite and --trace: an operator's choice for one "
+              "pool, not the suite's defaults.")
 @click.option("--slo-seconds", type=float, default=5.0, show_default=True,
               help="A minute meets the SLO when its tasks' p99 queue wait is at most this.")
 @click.option("--seed", type=int, default=42, show_default=True)
@@ -756,7 +767,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               peak: float, minutes: int, start: int | None, service_mean: float,
               service_sigma: float, slots: int, target_per_replica: int, startup: float,
               interval: float, up_window: float, down_window: float,
-              small_pool_replicas: int, slo_seconds: float, seed: int, phase: float,
+              small_pool_replicas: int, pool_down_window: int | None, slo_seconds: float,
+              seed: int, phase: float,
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
               peaks: str | None, services: str | None, baselines: Path | None,
               held_out: bool, unseen: bool, phase_count: int, out_dir: Path,
@@ -768,7 +780,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
 
         trace_point(data_dir or default_data_dir(), seed=seed, point=trace,
                     between=None if trace_between is None else _between(trace_between),
-                    phase=phase)
+                    phase=phase, pool_down_window=pool_down_window)
         return
     if suite:
         from roost.bench.suite_cli import run_suite
@@ -778,7 +790,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                   peaks=None if peaks is None else _floats(peaks, "--peaks"),
                   services=None if services is None else _floats(services, "--services"),
                   baselines=baselines, held_out=held_out, phase_count=phase_count,
-                  unseen=unseen)
+                  unseen=unseen, pool_down_window=pool_down_window)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE
@@ -799,7 +811,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
     settings = PlanSettings(scale_up_window=up_window, scale_down_window=down_window,
                             small_pool_replicas=small_pool_replicas)
     cfg = SimConfig(slots=slots, target_per_replica=target_per_replica, startup=startup,
-                    interval=interval, settings=settings, seed=seed, phase=phase)
+                    interval=interval, settings=settings, seed=seed, phase=phase,
+                    pool_down_window=pool_down_window)
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} tasks"), TimeElapsedColumn(),

@@ -535,6 +535,11 @@ def markdown(doc: dict[str, Any]) -> str:
     if services:
         text += [f"Service times {', '.join(f'{x:g} s' for x in services)} instead of the "
                  "suite's: points outside the matrix the rules were chosen on.", ""]
+    own = doc["settings"]["pool"].get("scale_down_window")
+    if own is not None:
+        text += [f"roost's pool has its own scale-down window of {own} s "
+                 "(`--pool-down-window`), an operator's choice for one pool: not the "
+                 "defaults the bar is read on.", ""]
     at = doc["settings"].get("phases") or [0.0]
     if len(at) > 1:
         text += [f"Phases: roost and HPA each ran every point with its first tick at "

@@ -49,7 +49,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               only: set[str] | None, peaks: set[float] | None = None,
               services: set[float] | None = None,
               baselines: Path | None = None, held_out: bool = False,
-              phase_count: int = 1, unseen: bool = False) -> dict[str, Any]:
+              phase_count: int = 1, unseen: bool = False,
+              pool_down_window: int | None = None) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
@@ -75,7 +76,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         todo = label_held_out(todo, services=bool(services))
     for note in missing:
         console.print(f"[yellow]{note}[/]")
-    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
+    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
+                     pool_down_window=pool_down_window)
     at = phases(phase_count)
     rows = []
     total = sum(len(c.points) for c in todo)
@@ -91,14 +93,16 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             console.print(f"[{len(rows)}/{total}] {c.name} ({c.kind}), {pt.label}: roost/hpa "
                           f"{ratio_text(row)} ({time.monotonic() - t:.0f}s)")
         plot_curve(out_dir / f"{c.name}.png", mine, title=f"{c.name} ({c.kind}, {c.resolution})")
-    spec = PoolSpec("bench", 1, MAX_REPLICAS, base.target_per_replica, 500, 512, 1)
+    spec = PoolSpec("bench", 1, MAX_REPLICAS, base.target_per_replica, 500, 512, 1,
+                    scale_down_window=pool_down_window)
     doc: dict[str, Any] = {
         "slo_seconds": SLO_SECONDS,
         "settings": {
             "plan": asdict(PlanSettings()),
             "pool": {k: getattr(spec, k) for k in ("target_per_replica", "growth_replicas",
                                                   "growth_percent", "disruption_replicas",
-                                                  "disruption_percent")},
+                                                  "disruption_percent",
+                                                  "scale_down_window")},
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
             "full": full, "peaks": sorted(peaks) if peaks else None,
             "services": sorted(services) if services else None,
@@ -149,7 +153,7 @@ def parse_point(text: str) -> tuple[str, Point]:
 
 def trace_point(data_dir: Path, *, seed: int, point: str,
                 between: tuple[float, float] | None = None,
-                phase: float = 0.0) -> dict[str, Any]:
+                phase: float = 0.0, pool_down_window: int | None = None) -> dict[str, Any]:
     """Replay one point of the suite under roost and print the plan at every tick (what
     `/status` shows a live controller's operator: demand, the decision and its reason,
     the demand model's steps), from ``between[0]`` to ``between[1]`` seconds; then the
@@ -162,7 +166,8 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
         hint = f" ({'; '.join(missing)})" if missing else ""
         raise click.ClickException(
             f"no such curve: {name} (one of {', '.join(c.name for c in todo)}){hint}")
-    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed)
+    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
+                     pool_down_window=pool_down_window)
     work = found[0].make(pt, seed)
     cfg = replace(base, startup=pt.startup, phase=phase)
     lo, hi = between if between is not None else (0.0, float("inf"))

@@ -171,6 +171,27 @@ _dsn = click.option("--dsn", envvar=DSN_ENVS, required=True, show_envvar=True,
 _BOUNDS = PoolSpec("defaults", 0, 0, 1, 1, 1, 0)
 """A pool with the default growth bound and disruption budget."""
 
+CONTROLLER_WINDOW = "default"
+"""What ``--scale-down-window`` takes for the controller's own window (unset)."""
+
+
+class _Window(click.ParamType[int | str]):
+    """Whole seconds, or ``default`` for the controller's window (the store checks the
+    range, with a message that says why)."""
+
+    name = "SECONDS|default"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int | str:
+        if isinstance(value, int):
+            return value
+        if value == CONTROLLER_WINDOW:
+            return CONTROLLER_WINDOW
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not whole seconds or {CONTROLLER_WINDOW!r}", param, ctx)
+
 
 def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     req: dict[str, Any] = {"required": True} if create else {"default": None}
@@ -205,6 +226,11 @@ def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
         click.option("--disruption-percent", "disruption_percent", type=int, **(
             {"default": _BOUNDS.disruption_percent} if create else opt),
                      help="Scale-down budget, in percent of the pool per minute (0..100)."),
+        click.option("--scale-down-window", "scale_down_window", type=_Window(), default=None,
+                     help="Seconds demand must stay below the pool's size before it scales "
+                     "down (its stabilization, 0..3600, as HPA's scaleDown."
+                     "stabilizationWindowSeconds); 'default' (or unset): the controller's "
+                     "window (by default 60 s, longer for a pool under 5 replicas)."),
     ]
 
     def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -220,14 +246,16 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
         click.echo(json.dumps([dataclasses.asdict(s) for s in specs], indent=2))
         return
     table = Table("pool", "min", "max", "target", "cpu m", "mem MiB", "db pool", "revision",
-                  "orchestrator", "ref", "growth", "disruption")
+                  "orchestrator", "ref", "growth", "disruption", "scale-down window")
     for s in specs:
         table.add_row(s.pool_id, str(s.min_replicas), str(s.max_replicas),
                       str(s.target_per_replica), str(s.worker_cpu_milli),
                       str(s.worker_mem_mib), str(s.worker_db_pool_size), s.expected_revision,
                       s.orchestrator, s.orchestrator_ref,
                       f"max({s.growth_replicas}, {s.growth_percent}%)/15s",
-                      f"max({s.disruption_replicas}, {s.disruption_percent}%)/min")
+                      f"max({s.disruption_replicas}, {s.disruption_percent}%)/min",
+                      "controller's" if s.scale_down_window is None
+                      else f"{s.scale_down_window}s")
     Console().print(table)
 
 
@@ -243,6 +271,8 @@ def pools() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def pools_create(pool_id: str, dsn: str, as_json: bool, **fields: Any) -> None:
     """Create a worker pool."""
+    if fields["scale_down_window"] == CONTROLLER_WINDOW:
+        fields["scale_down_window"] = None
     spec = PoolSpec(pool_id=pool_id, **fields)
     _run(_with_conn(dsn, lambda c: pools_q.create_pool(c, spec)))
     _show([spec], as_json)
@@ -263,7 +293,8 @@ def pools_list(dsn: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def pools_update(pool_id: str, dsn: str, as_json: bool, **fields: Any) -> None:
     """Change some settings of a worker pool."""
-    changes = {k: v for k, v in fields.items() if v is not None}
+    changes = {k: None if v == CONTROLLER_WINDOW else v
+               for k, v in fields.items() if v is not None}
     spec = _run(_with_conn(dsn, lambda c: pools_q.update_pool(c, pool_id, **changes)))
     _show([spec], as_json)
 

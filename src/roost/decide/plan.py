@@ -210,17 +210,22 @@ def _pool_freeze(p: PoolInputs, now: float, s: PlanSettings) -> str | None:
     return None
 
 
-def scale_down_window(replicas: int, s: PlanSettings) -> float:
-    """The stabilization a pool of ``replicas`` waits before it scales down."""
+def scale_down_window(replicas: int, s: PlanSettings, spec: PoolSpec | None = None) -> float:
+    """The stabilization a pool of ``replicas`` waits before it scales down: the pool's
+    own window if its operator set one, else the controller's, lengthened for a small
+    pool."""
+    if spec is not None and spec.scale_down_window is not None:
+        return float(spec.scale_down_window)
     return s.scale_down_window * max(1.0, s.small_pool_replicas / max(replicas, 1))
 
 
-def down_window(current: int, hist: PoolHistory, now: float, s: PlanSettings) -> float:
+def down_window(current: int, hist: PoolHistory, now: float, s: PlanSettings,
+                spec: PoolSpec | None = None) -> float:
     """The stabilization before a scale-down: `scale_down_window`, or the longer
     ``flap_window`` while the pool is flapping (it grew again within ``flap_window`` of
     a scale-down, short of capacity and no larger than it was then: demand that recurs,
     such as bursts every few minutes, would find it shrunk each time)."""
-    base = scale_down_window(current, s)
+    base = scale_down_window(current, s, spec)
     if hist.flap_until is not None and now < hist.flap_until:
         return max(base, s.flap_window)
     return base
@@ -235,7 +240,7 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
     flapping = hist.flap_until is not None and now < hist.flap_until
     up_wait = 0.0 if flapping or sizing.overdue > 0 else s.scale_up_window
     up = hist.window(now, up_wait)
-    wait = down_window(current, hist, now, s)
+    wait = down_window(current, hist, now, s, p.spec)
     down = hist.window(now, wait)
     held = f"{wait:.0f}s"  # how long the scale-down has waited, in the reason
     if flapping:
@@ -243,7 +248,7 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
         # (a burst's backlog included) over the ordinary window only: sized on a running
         # count still working off the backlog, a burst's peak is not a level it recurs
         # at. (A history without levels that far back keeps the sized figures.)
-        ordinary = scale_down_window(current, s)
+        ordinary = scale_down_window(current, s, p.spec)
         base = hist.window(now, ordinary)
         levels = hist.window(now, wait, levels=True)
         if base is not None and levels is not None:
@@ -325,7 +330,8 @@ def _tracks(p: PoolInputs, prev: PoolHistory, now: float, s: PlanSettings) -> Po
 
 def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: float,
            s: PlanSettings) -> _Draft:
-    keep = max(s.scale_up_window, scale_down_window(1, s), s.flap_window)
+    keep = max(s.scale_up_window, scale_down_window(1, s), scale_down_window(1, s, p.spec),
+               s.flap_window)
     tracked = _tracks(p, prev, now, s)
     current = p.infra.target_replicas if p.infra is not None else None
     sizing: Sizing | None = None

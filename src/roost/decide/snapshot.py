@@ -48,6 +48,15 @@ class PoolSpec:
     """Scale-down budget: at most ``max(disruption_replicas, disruption_percent % of the
     pool)`` workers start draining per `PlanSettings.disruption_period`."""
     disruption_percent: int = 20
+    scale_down_window: int | None = None
+    """Seconds demand must stay below the pool's size before it scales down (its
+    stabilization, as HPA's ``scaleDown.stabilizationWindowSeconds``), in place of the
+    controller's `PlanSettings.scale_down_window` and its lengthening for a small pool.
+    None: the controller's. The flap guard can still hold a flapping pool longer."""
+
+
+MAX_SCALE_DOWN_WINDOW = 3600
+"""The longest a pool's own scale-down window may be (HPA's bound, one hour)."""
 
 
 def pool_spec_problems(spec: PoolSpec) -> list[str]:
@@ -65,6 +74,10 @@ def pool_spec_problems(spec: PoolSpec) -> list[str]:
     if not 0 <= spec.disruption_percent <= 100:
         out.append(f"disruption_percent must be within 0..100 (got "
                    f"{spec.disruption_percent})")
+    w = spec.scale_down_window
+    if w is not None and not 0 <= w <= MAX_SCALE_DOWN_WINDOW:
+        out.append(f"scale_down_window must be within 0..{MAX_SCALE_DOWN_WINDOW} seconds "
+                   f"(got {w}); leave it unset for the controller's window")
     return out
 
 

@@ -30,6 +30,7 @@ _COLUMNS = {
     "growth_percent": "growth_percent",
     "disruption_replicas": "disruption_replicas",
     "disruption_percent": "disruption_percent",
+    "scale_down_window": "scale_down_window",
 }
 _SELECT = "SELECT " + ", ".join(f"{c} AS {f}" for f, c in _COLUMNS.items()) + " FROM worker_pools"
 
