@@ -127,7 +127,8 @@ async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
     assert "300s" in shown.output, shown.output
     for bad in ("3601", "-1"):
         res = await invoke(pools, "update", "ok", "--scale-down-window", bad, env=env)
-        assert res.exit_code == 1 and "scale_down_window must be within 0..3600" in res.output
+        assert res.exit_code == 1, res.output
+        assert "scale_down_window must be whole seconds within 0..3600" in res.output
     res = await invoke(pools, "update", "ok", "--scale-down-window", "5m", env=env)
     assert res.exit_code == 2 and "not whole seconds or 'default'" in res.output
     listed = await invoke(pools, "list", "--json", env=env)
@@ -138,3 +139,10 @@ async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
     made = await invoke(pools, "create", "quick", *base, "--scale-down-window", "0", "--json",
                         env=env)
     assert made.exit_code == 0 and json.loads(made.output)[0]["scale_down_window"] == 0
+    # 'default' means the controller's window for that flag only: elsewhere it is text
+    named = await invoke(pools, "update", "quick", "--ref", "default", "--revision", "default",
+                         "--json", env=env)
+    assert named.exit_code == 0, named.output
+    [row] = json.loads(named.output)
+    assert (row["orchestrator_ref"], row["expected_revision"]) == ("default", "default")
+    assert row["scale_down_window"] == 0

@@ -274,8 +274,10 @@ def test_a_committed_batch_is_finished_with_its_count() -> None:
         ({"disruption_replicas": 0}, "disruption_replicas must be >= 1"),
         ({"disruption_replicas": -2}, "disruption_replicas must be >= 1"),
         ({"disruption_percent": 101}, "disruption_percent must be within 0..100"),
-        ({"scale_down_window": -1}, "scale_down_window must be within 0..3600"),
-        ({"scale_down_window": 3601}, "scale_down_window must be within 0..3600"),
+        ({"scale_down_window": -1}, "scale_down_window must be whole seconds within 0..3600"),
+        ({"scale_down_window": 3601}, "scale_down_window must be whole seconds within 0..3600"),
+        ({"scale_down_window": 299.5}, "scale_down_window must be whole seconds"),
+        ({"scale_down_window": True}, "scale_down_window must be whole seconds"),
     ],
 )
 def test_bad_bounds_are_named(change: dict[str, int], words: str) -> None:
@@ -720,3 +722,52 @@ def test_without_the_model_the_level_is_the_sized_figure() -> None:
     inputs = replace(pool(spec(), replicas=2), demand=Demand(7, 3))  # no rate read
     got = run(snap(inputs), {"p": held(10)}).pool("p")
     assert got.history.levels[-1] == got.history.samples[-1] == (NOW, 10)
+
+
+def test_a_pools_long_window_is_kept_in_the_history_tick_by_tick() -> None:
+    """A pool's own window longer than anything the controller keeps (900 s against the
+    300 s of the flap and small-pool windows): ticking the plan forward, the history
+    reaches back over it, so the pool scales down after 900 s idle, not never."""
+    s = spec(scale_down_window=900, max_replicas=100)
+    settings = replace(SETTINGS, flap_window=300.0, small_pool_replicas=5)
+    hist: dict[str, PoolHistory] = {"p": held(50)}  # busy: 10 replicas' worth
+    downs = []
+    for k in range(1, 100):
+        now = NOW + 10 * k
+        fresh = [worker(f"p-w{i}", hb=now) for i in range(10)]
+        inputs = pool(s, replicas=10, workers=fresh, infra_at=now)
+        got = run(snap(inputs, read_at=now, health=db(at=now)), hist, settings=settings,
+                  now=now)
+        hist = dict(got.history)
+        if got.pool("p").desired_replicas < 10:
+            downs.append(k * 10)
+    assert downs and downs[0] == 910, downs[:3]  # 900 s after the first idle read, at 10 s
+
+
+@pytest.mark.parametrize(("own", "held_for"), [(30, 300), (900, 900)])
+def test_a_flapping_pool_holds_the_longer_of_its_window_and_the_flap_window(
+        own: int, held_for: int) -> None:
+    """The flap guard lengthens a pool's own short window to ``flap_window``; a pool's
+    longer window stays its own; the sized figures are held over the pool's window."""
+    s = spec(disruption_replicas=5, max_replicas=100, target_per_replica=3,
+             scale_down_window=own)
+    settings = replace(SETTINGS, flap_window=300.0, scale_down_window=60.0)
+    est = Estimates(service=30.0, service_at=NOW, startup=10.0)
+    times = [NOW - 1000 + 10 * k for k in range(100)]
+    level = 60  # a level of 60 tasks (20 replicas) held_for + 10 s ago, 30 since
+    hist = PoolHistory(samples=tuple((t, 30) for t in times),
+                       levels=tuple((t, level if t == NOW - held_for - 10 else 30)
+                                    for t in times),
+                       estimates=est, flap_until=NOW + 100)
+    inputs = replace(pool(s, replicas=30), demand=Demand(0, 30, 1.0, 30.0))
+    got = run(snap(inputs), {"p": hist}, settings=settings).pool("p")
+    assert got.desired_replicas == 10, got.reason  # the level left the window just now
+    assert f"the arrivals' level for {held_for}s (flapping)" in got.reason
+    inside = replace(hist, levels=tuple((t, level if t == NOW - held_for + 10 else 30)
+                                        for t in times))
+    kept = run(snap(inputs), {"p": inside}, settings=settings).pool("p")
+    assert kept.desired_replicas == 20, kept.reason
+    # the sized figures are held over the pool's own window (not the controller's 60 s)
+    sized = replace(hist, samples=tuple((t, 90 if t == NOW - own + 10 else 30)
+                                        for t in times))
+    assert run(snap(inputs), {"p": sized}, settings=settings).pool("p").desired_replicas == 30

@@ -837,6 +837,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
             "roost_small_pool_replicas": small_pool_replicas, "hpa_sync": HPA_SYNC,
             "hpa_tolerance": HPA_TOLERANCE, "hpa_scale_down_stabilization": HPA_DOWN_WINDOW,
             "seed": seed, "phase": phase,
+            **({} if pool_down_window is None else
+               {"roost_pool_scale_down_window": pool_down_window}),
         },
         "machine": machine(),
         "demand_per_minute": [round(r, 3) for r in rates],

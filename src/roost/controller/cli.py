@@ -293,8 +293,9 @@ def pools_list(dsn: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def pools_update(pool_id: str, dsn: str, as_json: bool, **fields: Any) -> None:
     """Change some settings of a worker pool."""
-    changes = {k: None if v == CONTROLLER_WINDOW else v
-               for k, v in fields.items() if v is not None}
+    changes = {k: v for k, v in fields.items() if v is not None}
+    if changes.get("scale_down_window") == CONTROLLER_WINDOW:
+        changes["scale_down_window"] = None
     spec = _run(_with_conn(dsn, lambda c: pools_q.update_pool(c, pool_id, **changes)))
     _show([spec], as_json)
 

@@ -75,9 +75,10 @@ def pool_spec_problems(spec: PoolSpec) -> list[str]:
         out.append(f"disruption_percent must be within 0..100 (got "
                    f"{spec.disruption_percent})")
     w = spec.scale_down_window
-    if w is not None and not 0 <= w <= MAX_SCALE_DOWN_WINDOW:
-        out.append(f"scale_down_window must be within 0..{MAX_SCALE_DOWN_WINDOW} seconds "
-                   f"(got {w}); leave it unset for the controller's window")
+    if w is not None and (type(w) is not int or not 0 <= w <= MAX_SCALE_DOWN_WINDOW):
+        out.append(f"scale_down_window must be whole seconds within "
+                   f"0..{MAX_SCALE_DOWN_WINDOW} (got {w!r}); leave it unset for the "
+                   "controller's window")
     return out
 
 
