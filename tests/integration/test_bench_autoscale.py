@@ -312,6 +312,8 @@ def test_unseen_shapes_run_apart_from_the_suite_and_are_held_out(tmp_path: Path)
     wrong = CliRunner().invoke(autoscale, ["--suite", "--unseen-shapes", "--only",
                                            "sawtooth", "--out", str(out)])
     assert wrong.exit_code == 1 and "no such curve: sawtooth" in wrong.output
+    alone = CliRunner().invoke(autoscale, ["--unseen-shapes", "--phases", "3"])
+    assert alone.exit_code == 2 and "--unseen-shapes, --phases only with --suite" in alone.output
     traced = CliRunner().invoke(autoscale, [
         "--data-dir", str(tmp_path / "none"), "--trace", "flash-crowd:10:10:0.2",
         "--trace-between", "0:30"])

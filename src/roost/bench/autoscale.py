@@ -775,6 +775,14 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               trace: str | None,
               trace_between: str | None) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
+    if not suite:  # said rather than ignored: the run would not be the one asked for
+        given = [flag for flag, on in (
+            ("--full", full), ("--only", only is not None), ("--peaks", peaks is not None),
+            ("--services", services is not None), ("--baselines", baselines is not None),
+            ("--held-out", held_out), ("--unseen-shapes", unseen),
+            ("--phases", phase_count > 1)) if on]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} only with --suite")
     if trace is not None:
         from roost.bench.suite_cli import trace_point
 
