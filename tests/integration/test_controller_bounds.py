@@ -22,6 +22,7 @@ from tests.integration.test_controller_helpers import (
     pool_spec,
     worker_rows,
 )
+from tests.polling import until
 
 
 @pytest.fixture
@@ -131,10 +132,8 @@ async def test_tasks_for_an_idle_pool_wake_the_controller_at_once(pg_dsn: str) -
         listener = await notify.listen_tasks(pg_dsn, c.task_created)
         assert listener is not None
         run = asyncio.create_task(c.run(stop))
-        for _ in range(200):  # the first tick: leader, the pool idle
-            if c.last_plan is not None:
-                break
-            await asyncio.sleep(0.05)
+        # the first tick: leader, the pool idle
+        await until("the first tick plans", lambda: c.last_plan is not None, interval=0.05)
         assert c.last_plan is not None and c.last_plan.pool("p").current_replicas == 0
         submitted = time.monotonic()
         await enqueue(rig.db, "p", 1)

@@ -4,10 +4,12 @@ worker row for every fake instance and heartbeats them at the fake clock's time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import httpx
 
 from roost.controller.adapters import FakeOrchestrator
 from roost.controller.clock import FakeClock
@@ -19,6 +21,7 @@ from roost.decide.snapshot import PoolSpec
 from roost.store import pools as pools_q
 from roost.store.migrations import migrate
 from roost.store.timeconv import to_ts
+from tests.polling import until
 
 BIG_NODE = NodeFigures("n1", 64_000, 262_144, 0, 0)
 
@@ -28,6 +31,21 @@ async def open_db(dsn: str) -> Any:
     async with db.acquire() as conn:
         await migrate(conn)
     return db
+
+
+async def status_when(http: httpx.AsyncClient, what: str,
+                      ready: Callable[[dict[str, Any]], object],
+                      timeout: float = 10.0) -> dict[str, Any]:
+    """A served controller's ``/status``, read every 0.05 s until ``ready`` holds of it."""
+    doc: dict[str, Any] = {}
+
+    async def read() -> object:
+        nonlocal doc
+        doc = (await http.get("/status")).json()
+        return ready(doc)
+
+    await until(what, read, timeout=timeout, interval=0.05, detail=lambda: f"/status {doc}")
+    return doc
 
 
 def pool_spec(pool_id: str = "p", **kw: Any) -> PoolSpec:

@@ -14,7 +14,7 @@ from roost.controller.http import build_app
 from roost.controller.loop import Controller
 from roost.controller.service import serve
 from roost.embedded.proc import free_port
-from tests.integration.test_controller_helpers import Rig, enqueue, open_db
+from tests.integration.test_controller_helpers import Rig, enqueue, open_db, status_when
 
 
 @pytest.fixture
@@ -153,11 +153,8 @@ async def test_serve_migrates_leads_and_answers_status(pg_dsn: str) -> None:
     try:
         await asyncio.wait_for(started.wait(), 10)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            for _ in range(100):
-                doc = (await http.get("/status")).json()
-                if doc["leader"] and doc["lastRunAt"]:  # led through a whole tick
-                    break
-                await asyncio.sleep(0.05)
+            doc = await status_when(http, "the controller leads through a whole tick",
+                                    lambda d: d["leader"] and d["lastRunAt"], timeout=5)
             assert doc["leader"] and doc["holder"] == "served" and doc["plan"] is not None
             r = await http.get("/readyz")
             assert r.status_code == 200, r.text

@@ -29,6 +29,7 @@ from tests.integration.test_controller_helpers import (
     add_worker,
     open_db,
     pool_spec,
+    status_when,
     worker_rows,
 )
 from tests.k8s_fake_api import FakeApiServer, FakeCluster, controller_grants, write_kubeconfig
@@ -114,12 +115,11 @@ async def test_serve_drives_a_deployment_and_reports_it_in_status(
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{config.http_port}") as http:
             # The adapter's report changes as a tick reads the pools; the plan only when
             # the tick has planned: a read between the two shows the pool in one only.
-            for _ in range(200):
-                doc = (await http.get("/status")).json()
-                pools = doc["orchestrators"].get("kubernetes", {}).get("pools", {})
-                if "batch" in pools and "batch" in (doc["plan"] or {}).get("pools", {}):
-                    break
-                await asyncio.sleep(0.05)
+            doc = await status_when(
+                http, "the pool shows in both the adapter's report and the plan",
+                lambda d: "batch" in d["orchestrators"].get("kubernetes", {}).get("pools", {})
+                and "batch" in (d["plan"] or {}).get("pools", {}))
+        pools = doc["orchestrators"]["kubernetes"]["pools"]
         assert doc["leader"] and doc["orchestrators"]["kubernetes"]["adapter"] == "kubernetes"
         batch = pools["batch"]
         assert (batch["deployment"], batch["mismatches"], batch["removals"]) == (

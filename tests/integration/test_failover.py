@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -34,6 +34,7 @@ from roost.embedded.proc import free_port
 from roost.store import lease
 from roost.store.migrations import migrate
 from roost.store.session import create_pool
+from tests.polling import until
 
 DEFAULT_BOUND = 15.0  # a Kubernetes Lease's default leaseDuration
 
@@ -100,13 +101,11 @@ async def _holder(db: asyncpg.Pool) -> str:
     return (await lease.current(db) or (0, ""))[1]
 
 
-async def _wait_for(what: str, cond: Any, timeout: float) -> float:
+async def _wait_for(what: str, cond: Callable[[], object], timeout: float) -> float:
+    """``until`` ``cond`` holds, checked every 0.05 s; how long that took."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if await cond():
-            return time.monotonic() - start
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s")
+    await until(what, cond, timeout=timeout, interval=0.05)
+    return time.monotonic() - start
 
 
 async def _leader_and_follower(pg_dsn: str, db: asyncpg.Pool,

@@ -4,7 +4,6 @@ their tags, and nothing more once the node has come back."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 import nats
@@ -56,14 +55,16 @@ async def test_a_forgotten_nodes_terminated_records_expire_through_the_gateways(
         assert index.is_forgotten("gone") and not index.is_forgotten("alive")
         await until("the old record of the forgotten node deleted",
                     lambda: index.find("i-old") is None)
-        for _ in range(100):  # its tags go with it (deleted when the delete comes back)
+
+        async def tags_gone() -> bool:
             try:
                 await tags.get("i-old")
             except KeyNotFoundError:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the expired instance's tags stayed")
+                return True
+            return False
+
+        # its tags go with it (deleted when the delete comes back)
+        await until("the expired instance's tags go", tags_gone, timeout=5, interval=0.05)
         assert {r.instance_id for r in index.all()} == set(cases) - {"i-old"}
         # The node comes back: it clears the mark, and owns its records again.
         await orders.delete(subjects.node_order("gone", subjects.FORGOTTEN))

@@ -26,6 +26,7 @@ from roost.embedded import NatsServer
 from roost.gateway.requests import RunInstancesRequest
 from roost.gateway.server import Gateway, GatewayConfig
 from roost.gateway.tokens import TokenEntry, fingerprint, token_key
+from tests.polling import until
 
 RUN = ("Action=RunInstances&Version=2016-11-15&ImageId=ami-00000000000000001"
        "&InstanceType=t3.micro&MinCount=1&MaxCount=1")
@@ -128,12 +129,11 @@ async def post(gw: Gateway, body: str) -> httpx.Response:
 
 
 async def until_live(gw: Gateway, count: int) -> None:
-    assert gw.service is not None
-    for _ in range(200):
-        if gw.service.view.live_count() >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("nodes never showed up in the capacity view")
+    service = gw.service
+    assert service is not None
+    await until(f"{count} nodes show up in the capacity view",
+                lambda: service.view.live_count() >= count, timeout=2.0, interval=0.01,
+                detail=lambda: f"{service.view.live_count()} live")
 
 
 def attempts(gw: Gateway) -> dict[tuple[str, str], float]:
@@ -303,13 +303,12 @@ async def set_room(gw: Gateway, node: ScriptedNode, free_cpu: int, seq: int) -> 
     """The node's room changes and it says so; wait until the gateway's view agrees."""
     node.free_cpu = free_cpu
     await node.publish(seq)
-    assert gw.service is not None
-    micro = gw.service.types.all()["t3.micro"]
-    for _ in range(200):
-        if gw.service.view.says_full(micro) is (free_cpu < micro.cpu_milli):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"the view never saw {node.node_id} with {free_cpu} milli free")
+    service = gw.service
+    assert service is not None
+    micro = service.types.all()["t3.micro"]
+    await until(f"the view sees {node.node_id} with {free_cpu} milli free",
+                lambda: service.view.says_full(micro) is (free_cpu < micro.cpu_milli),
+                timeout=2.0, interval=0.01)
 
 
 async def test_a_gateway_just_started_asks_the_bus_even_if_its_view_looks_full(

@@ -19,6 +19,7 @@ from roost.embedded.proc import free_port
 from roost.store import fenced, lease
 from roost.store.errors import StaleEpoch
 from roost.store.migrations import migrate
+from tests.polling import until
 
 
 @pytest.fixture
@@ -99,11 +100,12 @@ async def test_a_shutdown_during_a_keep_alive_waits_for_it_and_takes_nothing_aft
     assert not await a.ensure()  # closed: not a new election
     assert a._conn is None
     async with db.acquire() as conn:  # the dropped session ends on the server's time
-        for _ in range(100):
-            if await lease.lock_holder(conn, timeout=2.0) is None:
-                break
-            await asyncio.sleep(0.05)
-        assert await lease.lock_holder(conn, timeout=2.0) is None
+
+        async def released() -> bool:
+            return await lease.lock_holder(conn, timeout=2.0) is None
+
+        await until("the server ends the dropped session and its lock", released,
+                    timeout=5, interval=0.05)
 
 
 async def test_terminated_leader_session_fails_over_and_old_writes_fail(
@@ -118,10 +120,8 @@ async def test_terminated_leader_session_fails_over_and_old_writes_fail(
         await db.execute("SELECT pg_terminate_backend($1)", a.backend_pid)
         # The termination listener steps down without a tick. asyncpg marks the session
         # closed first and calls its listeners a loop turn later: wait for both.
-        for _ in range(500):
-            if not a.is_leader and a.lost_reason:
-                break
-            await asyncio.sleep(0.01)
+        await until("a steps down", lambda: not a.is_leader and a.lost_reason, timeout=5,
+                    interval=0.01)
         assert not a.is_leader and "terminated" in a.lost_reason
         took = await _lead_within(b, 5.0)
         assert took < 5.0 and b.epoch == old_epoch + 1

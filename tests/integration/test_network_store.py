@@ -90,12 +90,11 @@ async def test_terminated_instance_gives_its_addresses_back(
     # A live instance's addresses, public one included, are not orphans to the sweep.
     assert await a.sweep([rec], now=time.time() + ORPHAN_AFTER + 1) == 0
     b.instance_gone(msgspec.structs.replace(rec, state="terminated"))  # seen by another
-    for _ in range(50):
-        if a.addresses_in_use(subnet.subnet_id) + a.addresses_in_use(PUBLIC_POOL_ID) == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert a.addresses_in_use(subnet.subnet_id) == 0
-    assert a.addresses_in_use(PUBLIC_POOL_ID) == 0
+    await until("a's mirror sees both addresses given back",
+                lambda: a.addresses_in_use(subnet.subnet_id) == 0
+                and a.addresses_in_use(PUBLIC_POOL_ID) == 0, timeout=2.5, interval=0.05,
+                detail=lambda: (f"in use: {a.addresses_in_use(subnet.subnet_id)} private, "
+                                f"{a.addresses_in_use(PUBLIC_POOL_ID)} public"))
 
 
 async def test_a_stopped_instance_gives_its_public_address_back(
@@ -111,11 +110,9 @@ async def test_a_stopped_instance_gives_its_public_address_back(
                            launch_time="2026-01-01T00:00:00Z", availability_zone="roost-1a",
                            public_ip=old)
     b.public_dropped(rec)  # another gateway saw the node clear it on stop
-    for _ in range(50):
-        if a.addresses_in_use(PUBLIC_POOL_ID) == 1:
-            break
-        await asyncio.sleep(0.05)
-    assert a.addresses_in_use(PUBLIC_POOL_ID) == 1
+    await until("a's mirror sees the old public address given back",
+                lambda: a.addresses_in_use(PUBLIC_POOL_ID) == 1, timeout=2.5, interval=0.05,
+                detail=lambda: f"{a.addresses_in_use(PUBLIC_POOL_ID)} public in use")
     assert await b.allocate(b.public_pool, "r-3-0", old) == old  # free again
     assert new != old
 
@@ -163,10 +160,8 @@ async def test_group_names_are_unique_across_gateways(
     assert sorted(won) == [False, True]
     group = SecurityGroup("sg-00000000000000001", "db", "d", vpc, "000000000000")
     await a.create(group)
-    for _ in range(50):
-        if b.group("sg-00000000000000001") is not None:
-            break
-        await asyncio.sleep(0.05)
+    await until("the group reaches b's mirror",
+                lambda: b.group("sg-00000000000000001") is not None, timeout=2.5, interval=0.05)
     assert b.group("sg-00000000000000001") == group
 
 

@@ -15,6 +15,7 @@ from roost.bus.connect import key_value
 from roost.embedded import NatsServer
 from roost.node.agent import NodeAgent, NodeConfig
 from tests.nodes import client, command, host, launch, wait_state
+from tests.polling import until
 
 
 async def test_terminated_instances_are_forgotten_after_the_retention(
@@ -35,13 +36,13 @@ async def test_terminated_instances_are_forgotten_after_the_retention(
             await command(nc, "b1", "terminate", gid)
             await wait_state(nc, "b1", gid, "terminated")
             assert (tmp_path / "b1" / "instances" / gid).is_dir()
-            for _ in range(60):  # retention 1 s, checked every 0.25 s
-                # the record goes first, its directory after it, off the loop
-                if gid not in agent._records and not (tmp_path / "b1" / "instances" / gid).exists():
-                    break
-                await asyncio.sleep(0.1)
-            assert gid not in agent._records and agent.state.get(gid) is None
-            assert not (tmp_path / "b1" / "instances" / gid).exists()
+            # retention 1 s, checked every 0.25 s; the record goes first, its directory
+            # after it, off the loop
+            await until("the terminated instance's record and directory expire",
+                        lambda: gid not in agent._records
+                        and not (tmp_path / "b1" / "instances" / gid).exists(),
+                        timeout=6, interval=0.1)
+            assert agent.state.get(gid) is None
             with pytest.raises(nats.js.errors.KeyNotFoundError):
                 await kv.get(gid)
             missing = await command(nc, "b1", "describe", gid)
@@ -104,10 +105,8 @@ async def test_a_failed_kv_put_is_published_again_and_the_launch_stands(
             assert iid in agent._unpublished and set(agent.ledger.allocations) == {iid}
 
             kv = await key_value(nc, subjects.INSTANCES_BUCKET)  # writes work again
-            for _ in range(50):
-                if not agent._unpublished:
-                    break
-                await asyncio.sleep(0.1)
+            await until("the held record is published", lambda: not agent._unpublished,
+                        timeout=5, interval=0.1, detail=lambda: f"held {agent._unpublished}")
             entry = await kv.get(iid)
             assert b'"state":"running"' in (entry.value or b"")
     finally:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from roost.embedded import NatsServer
 from tests.nodes import running_nodes
+from tests.polling import until
 
 
 async def test_a_gap_seen_during_a_read_gets_its_own_read_after(
@@ -25,10 +26,7 @@ async def test_a_gap_seen_during_a_read_gets_its_own_read_after(
         node._read_orders = slow_read  # type: ignore[method-assign]
         await asyncio.sleep(0.5)  # the heartbeat is beating
         time.sleep(0.5)  # a stalled loop: the next beat sees a gap and starts a read
-        for _ in range(50):
-            await asyncio.sleep(0.05)
-            if reads:
-                break
+        await until("the gap starts a read", lambda: reads, timeout=2.5, interval=0.05)
         assert len(reads) == 1
         time.sleep(0.5)  # a second stall, while that read is in flight
         await asyncio.sleep(2.5)  # the first read ends after 1 s; the next beats follow

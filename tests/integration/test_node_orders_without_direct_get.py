@@ -20,6 +20,7 @@ from roost.embedded import NatsServer
 from roost.node.forget import _records_of
 from tests.bus_marks import MarkFirst
 from tests.nodes import running_nodes
+from tests.polling import until
 
 
 async def test_a_node_reads_its_orders_through_a_watch_when_direct_gets_are_refused(
@@ -46,12 +47,11 @@ async def test_a_node_reads_its_orders_through_a_watch_when_direct_gets_are_refu
         mine = [subjects.node_order("n1", "i-gone"), subjects.node_order("n1", subjects.FORGOTTEN)]
         with caplog.at_level(logging.INFO, logger="roost.node"):
             async with running_nodes([nats_server.url], ["4vcpu,16GiB"], tmp_path):
-                for _ in range(200):  # the start-up read; seconds on a loaded host
-                    if all([await gone(key) for key in mine]):
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("n1 did not carry out its orders within 10 s")
+                async def carried_out() -> bool:
+                    return all([await gone(key) for key in mine])
+
+                # the start-up read; seconds on a loaded host
+                await until("n1 carries out its orders", carried_out, timeout=10, interval=0.05)
                 assert not await gone(subjects.node_order("n2", "i-other"))
         assert early.late, "the node's read never went through the early mark"
         # the delete marker was taken as a delete, not as an order to decode

@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
 from roost.embedded import NatsServer
 from roost.node.drivers import start_ticks
 from tests.nodes import client, command, launch, running_nodes, wait_state
+from tests.polling import until
 
 
 async def wait_file(path: Path, timeout: float = 10.0) -> str:
-    for _ in range(int(timeout / 0.05)):
-        if path.exists() and path.read_text().strip():
-            return path.read_text()
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{path} never written")
+    await until(f"{path} written", lambda: path.exists() and path.read_text().strip(),
+                timeout=timeout, interval=0.05)
+    return path.read_text()
 
 
-async def gone(pid: int) -> bool:
-    """The process has exited (a zombie awaiting its reaper counts as gone)."""
-    for _ in range(40):
-        if start_ticks(pid) is None:
-            return True
-        await asyncio.sleep(0.05)
-    return False
+async def wait_gone(pid: int) -> None:
+    """Wait until the process has exited (a zombie awaiting its reaper counts as gone)."""
+    await until(f"process {pid} exits", lambda: start_ticks(pid) is None, timeout=2.0,
+                interval=0.05)
 
 
 async def test_user_data_runs_with_instance_env_and_exit_stops_it(
@@ -62,7 +57,7 @@ async def test_stop_start_terminate_kill_the_whole_group(
         assert stop.ok and stop.previous_state == "running"
         assert stop.instance and stop.instance.state == "stopping"
         await wait_state(nc, "n1", iid, "stopped")
-        assert await gone(grandchild)
+        await wait_gone(grandchild)
         assert node.ledger.allocations == {}
 
         # The room went to another instance meanwhile: start can't fit, EC2's answer.
@@ -82,7 +77,7 @@ async def test_stop_start_terminate_kill_the_whole_group(
         term = await command(nc, "n1", "terminate", iid)
         assert term.ok and term.instance and term.instance.state == "shutting-down"
         await wait_state(nc, "n1", iid, "terminated")
-        assert await gone(grandchild)
+        await wait_gone(grandchild)
         again = await command(nc, "n1", "terminate", iid)  # idempotent, as on EC2
         assert again.ok and again.instance and again.instance.state == "terminated"
         bad = await command(nc, "n1", "start", iid)

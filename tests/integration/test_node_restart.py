@@ -19,6 +19,7 @@ from roost.bus import subjects
 from roost.embedded import NatsServer
 from roost.node.cgroups import InstanceCgroup, detect
 from tests.nodes import client, command, launch, wait_state
+from tests.polling import until
 
 
 def start_agent(nats_url: str, data_dir: Path, log: Path, *, grace: float = 2
@@ -29,6 +30,11 @@ def start_agent(nats_url: str, data_dir: Path, log: Path, *, grace: float = 2
            f"{grace:g}"]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=out)
+
+
+def reaped(pid: int) -> bool:
+    """No such process, not even a zombie (what ``os.kill(pid, 0)`` would still find)."""
+    return not Path(f"/proc/{pid}").exists()
 
 
 @pytest.fixture
@@ -82,10 +88,8 @@ async def test_kill_9_restart_readopts_instances(
             ida, idb = a.instance.instance_id, b.instance.instance_id
             await wait_state(nc, "r1", ida, "running")
             await wait_state(nc, "r1", idb, "running")
-            for _ in range(100):
-                if pid_a.exists() and pid_b.exists():
-                    break
-                await asyncio.sleep(0.05)
+            await until("both instances write their pid",
+                        lambda: pid_a.exists() and pid_b.exists(), timeout=5, interval=0.05)
 
             agents[0].send_signal(signal.SIGKILL)
             agents[0].wait(10)
@@ -116,10 +120,8 @@ async def test_kill_9_restart_readopts_instances(
             await wait_state(nc, "r1", ida, "terminated")
             pid = int(pid_a.read_text())
             assert detect("r1").open(ida) is None  # its group went with it
-            with pytest.raises(ProcessLookupError):
-                for _ in range(50):
-                    os.kill(pid, 0)
-                    await asyncio.sleep(0.05)
+            await until(f"a's process {pid} is gone", lambda: reaped(pid), timeout=2.5,
+                        interval=0.05)
     finally:
         kill_group(pid_a)
         kill_group(pid_b)
@@ -146,10 +148,7 @@ async def test_a_stop_or_terminate_cut_short_by_kill_9_is_finished_after_restart
             assert inst and inst.ok and inst.instance
             iid = inst.instance.instance_id
             await wait_state(nc, "r1", iid, "running")
-            for _ in range(100):
-                if pid_file.exists():
-                    break
-                await asyncio.sleep(0.05)
+            await until("the instance writes its pid", pid_file.exists, timeout=5, interval=0.05)
             reply = await command(nc, "r1", op, iid)
             assert reply.instance and reply.instance.state == during
             await asyncio.sleep(0.5)  # well inside the 120 s grace
@@ -161,10 +160,9 @@ async def test_a_stop_or_terminate_cut_short_by_kill_9_is_finished_after_restart
             # the new agent's grace is 2 s: then SIGKILL, then the move
             done = await wait_state(nc, "r1", iid, after, timeout=30)
             assert done.state_reason == "Client.UserInitiatedShutdown"
-            with pytest.raises(ProcessLookupError):
-                for _ in range(100):
-                    os.kill(int(pid_file.read_text()), 0)
-                    await asyncio.sleep(0.05)
+            pid = int(pid_file.read_text())
+            await until(f"the instance's process {pid} is gone", lambda: reaped(pid),
+                        timeout=5, interval=0.05)
     finally:
         kill_group(pid_file)
 

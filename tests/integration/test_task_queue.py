@@ -23,6 +23,7 @@ from roost.store.tasks import (
     WorkerNotActive,
 )
 from tests.integration.test_controller_helpers import open_db, pool_spec
+from tests.polling import until
 
 
 @pytest.fixture
@@ -198,10 +199,10 @@ async def test_a_claim_and_the_drain_mark_serialize(db: Any) -> None:
                 return
 
     claimer = asyncio.create_task(claim_hard())
-    for _ in range(100):  # the drain lands while it claims: wait for its first claim
-        await asyncio.sleep(0.05)
-        if await db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'"):
-            break
+    # the drain lands while it claims: wait for its first claim
+    await until("the claimer's first claim",
+                lambda: db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'"),
+                timeout=5, interval=0.05)
     assert await fenced.mark_draining(db, epoch, "p", w, now=0)
     held = await db.fetchval("SELECT count(*) FROM tasks WHERE status = 'running'")
     await asyncio.wait_for(refused.wait(), 5)

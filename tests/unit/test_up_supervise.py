@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from roost.up.supervise import Supervisor
+from tests.polling import until
 
 
 class Flaky:
@@ -43,10 +44,8 @@ async def test_a_dead_component_is_restarted_after_failed_tries_and_it_is_said()
     stop = asyncio.Event()
     task = asyncio.create_task(sup.run(stop))
     comp.dead = True
-    for _ in range(1000):
-        if sup.restarts.get("postgres"):
-            break
-        await asyncio.sleep(0.005)
+    await until("postgres restarted", lambda: sup.restarts.get("postgres"), timeout=5,
+                interval=0.005)
     stop.set()
     await asyncio.wait_for(task, 5)
     assert comp.starts == 3 and not comp.dead and sup.restarts == {"postgres": 1}
