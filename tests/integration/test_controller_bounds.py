@@ -121,6 +121,31 @@ async def test_scale_down_drains_k_workers_then_removes_them_at_once(rig: Rig) -
     assert c.last_plan is not None and "budget spent" in c.last_plan.pool("p").reason
 
 
+async def test_a_pools_own_scale_down_window_from_postgres_holds_it(rig: Rig) -> None:
+    """The window an operator set on the pool row (`roost pools update
+    --scale-down-window`) is the one the real loop waits, not the controller's."""
+    c = rig.controller(scale_down_window=0)  # the controller's own: at once
+    await rig.add_pool(replicas=4, disruption_replicas=4, scale_down_window=40)
+    held_ticks = 0
+    for _ in range(6):  # idle: the plan wants 0 of 4
+        await rig.tick(c)
+        assert c.last_plan is not None
+        reason = c.last_plan.pool("p").reason
+        if "not yet held for 40s" not in reason:
+            break
+        held_ticks += 1
+    assert held_ticks >= 3, reason  # 40 s of ticks 10 s apart, not the controller's 0 s
+    assert reason.startswith("demand below 4 for 40s"), reason
+    assert c.last_plan.pool("p").desired_replicas == 0
+    # unset, a pool waits the controller's window (0 s here): the first idle tick
+    other = await rig.add_pool("q", replicas=2, disruption_replicas=2)
+    assert other.scale_down_window is None
+    await rig.tick(c)
+    assert c.last_plan is not None
+    assert c.last_plan.pool("q").reason.startswith("demand below 2 for 0s"), \
+        c.last_plan.pool("q").reason
+
+
 async def test_tasks_for_an_idle_pool_wake_the_controller_at_once(pg_dsn: str) -> None:
     """Scale-from-zero: a 30 s tick interval, and the first task of an idle pool is
     acted on within a second or two (the NOTIFY on insert ends the wait)."""
