@@ -28,7 +28,7 @@ The order of the rules, for each pool:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from roost.decide.caps import Growth, GrowthAsk, allocate_growth, db_worker_budget
@@ -50,15 +50,20 @@ DB_BUDGET = "db_budget"
 REVISION_MISMATCH = "revision_mismatch"
 
 
+def _covering(series: Sequence[tuple[float, int]], since: float) -> int | None:
+    """The index of ``series``' newest value at or before ``since``: the value that
+    proves a window reaching back to ``since`` is covered; None when none does."""
+    start = None
+    for i, (t, _) in enumerate(series):
+        if t <= since:
+            start = i
+    return start
+
+
 def _kept(series: list[tuple[float, int]], now: float, keep: float
           ) -> tuple[tuple[float, int], ...]:
-    """``series`` from its newest value at or before ``now - keep`` on: that value
-    proves the window is covered."""
-    start = 0
-    for i, (t, _) in enumerate(series):
-        if t <= now - keep:
-            start = i
-    return tuple(series[start:])
+    """``series`` from the value covering ``now - keep`` on (all of it if none does)."""
+    return tuple(series[_covering(series, now - keep) or 0:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +109,8 @@ class PoolHistory:
         """Values demand took during ``[now - seconds, now]`` (the arrivals' levels with
         ``levels``), or None if the history does not reach back that far."""
         series = self.levels if levels else self.samples
-        start = None
-        for i, (t, _) in enumerate(series):
-            if t <= now - seconds:
-                start = i
-        if start is None:
-            return None
-        return [v for _, v in series[start:]]
+        start = _covering(series, now - seconds)
+        return None if start is None else [v for _, v in series[start:]]
 
 
 @dataclass(frozen=True, slots=True)
