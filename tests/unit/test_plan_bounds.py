@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from roost.decide.demand import Estimates, burst_rate, in_service, size
+from roost.decide.demand import Estimates, burst_rate, in_service, jump_share, size
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
 from roost.decide.plan import PoolHistory, disruption_budget, growth_limit
 from roost.decide.snapshot import (
@@ -152,10 +152,20 @@ def test_a_replica_turning_ready_shows_the_start_up_was_seen() -> None:
     assert not slow.turned_ready and slow.startup is None
     slow = slow.observe(None, _infra(3, 3), NOW + 40, S)
     assert slow.turned_ready and slow.startup == 30.0
-    # two asked for and both ready at the next read: too fast to time (never seen
-    # starting), but a start-up was seen
+    # two asked for and both ready at the next read (never seen starting): each
+    # started within the 10 s between the reads, and that is what is measured rather
+    # than the 30 s default
     fast = e.observe(None, _infra(3, 3), NOW + 10, S)
-    assert fast.turned_ready and fast.startup is None
+    assert fast.turned_ready and fast.startup == 10.0
+    assert size(Demand(0, 1, 1.0), replace(fast, service=1.0), replicas=3, target=5, s=S,
+                now=NOW + 10).explain[1].endswith("start-up 10s (measured)")
+    # one seen starting and one never seen: each timed by what was seen of it
+    mixed = e.observe(None, _infra(2, 1), NOW + 10, S)
+    mixed = mixed.observe(None, _infra(2, 1), NOW + 20, S)
+    mixed = mixed.observe(None, _infra(3, 3), NOW + 30, S)  # 20 s, then at most 10 s
+    assert mixed.startup == pytest.approx(20.0 + 0.3 * (10.0 - 20.0))
+    # without an earlier read of the orchestrator there is nothing to time them by
+    assert Estimates(ready=1).observe(None, _infra(3, 3), NOW, S).startup is None
 
 
 def test_estimates_time_a_replica_from_not_ready_to_ready() -> None:
@@ -482,7 +492,9 @@ def test_a_burst_is_read_at_one_service_time_not_at_the_rate_window() -> None:
 
 def test_headroom_stops_a_scale_down_of_recurring_demand_but_never_starts_a_scale_up(
 ) -> None:
-    s = replace(SETTINGS, headroom_sigmas=2.0, scale_down_window=30.0, flap_window=30.0)
+    # tasks as long as the wait aimed at (shorter ones keep room for a jump: below)
+    s = replace(SETTINGS, headroom_sigmas=2.0, scale_down_window=30.0, flap_window=30.0,
+                drain_horizon=1.0)
     est = replace(Estimates(service=1.0, service_at=NOW), rates=_rates(*[1.0] * 9, 12.0))
     hist = replace(held(1), estimates=est, flap_until=NOW + 100)  # demand recurs
     inputs = pool(spec(target_per_replica=1), running=1, replicas=4)
@@ -549,8 +561,10 @@ ONCE = (*[1.0] * 19, 12.0, 1.0)
 
 
 def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more() -> None:
+    # a start-up within the wait aimed at: no room for a jump (`jump_share`), only the
+    # headroom's
     s = replace(S, rate_window=30.0, headroom_sigmas=2.0, drain_horizon=5.0,
-                small_pool_replicas=5)
+                small_pool_replicas=5, startup_default=5.0)
     # the reads show bursts that recur: observe() records when, and their ceiling
     est = replace(_est(1.0), rates=_rates(*RECURRING)).observe(
         Demand(0, 1, 1.0), None, NOW + 1, s)
@@ -561,20 +575,20 @@ def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more(
     once = replace(_est(1.0), rates=_rates(*ONCE))
     own = size(Demand(0, 1, 1.0), once, replicas=2, target=1, s=s, now=NOW)
     assert not own.recurs and own.reserve >= 6
-    # /status says the room is not held then (the plan holds it only while the pool
-    # flaps), not that a scale-down stops at it
-    assert any(f"no room held for bursts that do not recur: a scale-down keeps the "
-               f"headroom's {own.reserve} tasks only while the pool flaps" in line
-               for line in own.explain)
-    assert not any("scale down no lower" in line for line in own.explain)
+    # /status says the headroom is not held then (the plan holds it only while the
+    # pool flaps); the room for a jump is, and with 5 s start-ups it is none
+    assert own.jump == 0 and not own.grows
+    assert any(line == f"scale down no lower than the jump's room: 0 tasks (the "
+                       f"headroom's {own.reserve} only while the pool flaps: bursts do "
+                       f"not recur)" for line in own.explain), own.explain
     # bursts recurred 100 s ago: a pool of 2 replicas of 1 s tasks (shorter than the
     # 5 s wait aimed at) holds them as if they recur, no higher than the ceiling then
     then = replace(once, recurred=(NOW - 100.0, 3.0))
     got = size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s, now=NOW)
     assert got.recurs and got.reserve == 3 and got.grows
     assert any("but they did 100s ago" in line for line in got.explain)
-    assert any(line.startswith("scale down no lower than the headroom: 3 tasks; a pool")
-               for line in got.explain)
+    assert any(line.startswith("scale down no lower than the room: max(headroom, jump) = 3 "
+                               "tasks; a pool") for line in got.explain)
     # not beyond the headroom window, not for a pool of small_pool_replicas or more,
     # not for tasks as long as the wait aimed at, not without a clock to tell
     late = replace(once, recurred=(NOW - s.headroom_window - 1.0, 3.0))
@@ -583,6 +597,59 @@ def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more(
     long = replace(then, service=5.0)
     assert not size(Demand(0, 5, 1.0), long, replicas=2, target=1, s=s, now=NOW).recurs
     assert not size(Demand(0, 1, 1.0), then, replicas=2, target=1, s=s).recurs
+
+
+def test_the_share_of_a_jump_served_already_keeps_its_wait_within_the_aim() -> None:
+    s = replace(S, drain_horizon=5.0)
+    # a jump to L finds (1 - 5 / T) x L served: (L - C) x T queue over a start-up T,
+    # cleared by the grown pool (at least L) in 5 s
+    assert jump_share(10.0, s) == 0.5
+    assert jump_share(90.0, s) == pytest.approx(1 - 5 / 90)
+    # start-ups within the wait aimed at need no room: new replicas serve in time
+    assert jump_share(5.0, s) == jump_share(2.0, s) == jump_share(0.0, s) == 0.0
+
+
+def test_tasks_shorter_than_the_wait_aimed_at_keep_room_for_a_jump_back() -> None:
+    s = replace(S, rate_window=30.0, headroom_sigmas=2.0, drain_horizon=5.0,
+                flap_window=300.0, headroom_window=600.0)
+    # 0.2 s tasks at 10/s, one burst to 100/s read 20 s ago; 90 s start-ups
+    est = replace(_est(0.2, startup=90.0), rates=_rates(*[10.0] * 19, 100.0, 10.0))
+    got = size(Demand(0, 2, 10.0), est, replicas=7, target=3, s=s, now=NOW)
+    jump = math.ceil((1 - 5 / 90) * 100.0 * 0.2)
+    assert jump == 19 and got.jump == jump, got.explain
+    # the burst came once: the headroom's room (11 tasks) is not held, the jump's is
+    assert not got.recurs and not got.grows and got.reserve == 11
+    assert any(line.startswith("scale down no lower than the jump's room: 19 tasks")
+               for line in got.explain)
+    assert any(line.startswith("room for a jump (tasks shorter than the 5s wait aimed at): "
+                               "the busiest burst rate read over 300s, 100/s")
+               for line in got.explain), got.explain
+    # the burst read more than the flap window ago: the jump is to the rate since
+    old = replace(est, rates=_rates(*[10.0] * 19, 100.0, *[10.0] * 31))
+    late = size(Demand(0, 2, 10.0), old, replicas=7, target=3, s=s, now=NOW)
+    assert late.jump == math.ceil((1 - 5 / 90) * 10.0 * 0.2)
+    # tasks as long as the wait aimed at keep the headroom's rules alone
+    long = size(Demand(0, 2, 10.0), est, replicas=7, target=3,
+                s=replace(s, drain_horizon=0.2), now=NOW)
+    assert long.jump == 0 and not any("room for a jump" in line for line in long.explain)
+    assert any(line.startswith("no room held for bursts that do not recur")
+               for line in long.explain)
+
+
+def test_the_room_for_a_jump_holds_a_pool_of_short_tasks_at_its_size() -> None:
+    s = replace(SETTINGS, headroom_sigmas=2.0, scale_down_window=30.0, drain_horizon=5.0)
+    est = replace(Estimates(service=0.2, service_at=NOW, startup=90.0),
+                  rates=_rates(*[10.0] * 19, 100.0, 10.0))
+    inputs = replace(pool(spec(target_per_replica=3), running=2, replicas=7),
+                     demand=Demand(0, 2, 10.0, 0.2))
+    p = run(snap(inputs), {"p": replace(held(1), estimates=est)}, settings=s).pool("p")
+    assert p.desired_replicas == 7 and "headroom: 19 tasks of room hold 7" in p.reason
+    assert not [x for x in p.steps if isinstance(x, MarkDraining)]
+    # with 5 s start-ups a jump needs no room, and a burst that came once holds none
+    # of the headroom's: the pool scales down to its load
+    quick = run(snap(inputs), {"p": replace(held(1), estimates=replace(est, startup=5.0))},
+                settings=s).pool("p")
+    assert quick.desired_replicas == 1, quick.reason
 
 
 def test_a_small_pool_of_short_tasks_grows_to_the_room_while_bursts_recur() -> None:

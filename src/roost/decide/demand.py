@@ -120,7 +120,17 @@ More figures go to the plan's windows (`roost.decide.plan`):
   long tasks ``effective`` is the running count still working off the backlog (on/off
   spells of 30 s tasks at 10/s: 457 tasks, 153 replicas, where the arrivals' level read
   240-300), and holding it for the whole ``flap_window`` cost more than HPA's
-  replica-seconds.
+  replica-seconds;
+- ``jump``, **room for a jump**, for tasks shorter than ``drain_horizon`` only:
+  ``jump_share(startup) x top x service_time``, ``top`` the busiest burst rate read
+  over ``flap_window``. It stops every scale-down, whether or not bursts recur, and
+  never makes a pool grow. Demand that moves between levels (three levels, on/off
+  spells longer than a fifth of the time) never clears the recurrence test's line, so
+  the headroom held nothing for a jump back to a level read a minute before. The
+  share is what the pool must serve already for a jump's tasks to wait no longer than
+  ``drain_horizon`` (`jump_share`). Short tasks only: the room is ``top x service``
+  held through every lull, a few replicas for 0.2 s tasks and hundreds for 30 s ones,
+  where room of this kind cost more than HPA's replica-seconds.
 
 The plan divides ``effective`` by the pool's target per replica, the same target the
 old rule and HPA use, so the utilisation aimed at is unchanged. Without a rate or a
@@ -131,8 +141,9 @@ Estimates the model carries from tick to tick (`Estimates`, kept in the plan's h
 the service time's moving average (each read weighed by the completions it had:
 `smooth_service`), the replica start-up time, measured from the
 orchestrator's view (a replica slot seen not ready is timed until a replica turns
-ready), the burst rates read over the headroom window, and the service time the
-headroom is sized on.
+ready; one asked for since the last read and ready already, never seen starting, as
+the time between the two reads, the most it can have taken), the burst rates read
+over the headroom window, and the service time the headroom is sized on.
 """
 
 from __future__ import annotations
@@ -181,6 +192,22 @@ def in_service(running: int, steady: float, service: float, s: PlanSettings
     if abs(running - steady) > s.headroom_sigmas * noise:
         return float(running), False
     return (service * running + w * steady) / (service + w), True
+
+
+def jump_share(startup: float, s: PlanSettings) -> float:
+    """The share of a jump's arrival rate a pool must already serve for the jump's
+    tasks to wait no longer than ``drain_horizon`` (the wait aimed at) before the
+    replicas it asks for serve: ``max(0, 1 - drain_horizon / startup)``.
+
+    A jump to ``L`` tasks/s finds the pool serving ``C``. No replica asked for then
+    serves before one start-up ``T``, so ``(L - C) x T`` tasks queue; the grown pool
+    serves at least ``L`` and clears them in at most ``(1 - C / L) x T``, which is the
+    wait aimed at when ``C = (1 - drain_horizon / T) x L``. A lower bound: the time to
+    the next read and the growth bound both lengthen the wait. 0 when a start-up is
+    within the wait aimed at."""
+    if startup <= s.drain_horizon:
+        return 0.0
+    return 1.0 - s.drain_horizon / startup
 
 
 def trimmed_line(xs: list[float], sigmas: float) -> float:
@@ -275,6 +302,9 @@ class Estimates:
     service_weight: float = 0.0
     """The completions behind ``service``, each weighed down by its age
     (`smooth_service`)."""
+    read_at: float | None = None
+    """When the orchestrator's view was last read: a replica asked for since then and
+    ready now started within that long."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -291,11 +321,16 @@ class Estimates:
             slots = list(since)
             if ready is not None and now_ready > ready:
                 turned = True
-                for t in slots[:now_ready - ready]:  # the oldest slots turned ready
-                    sample = now - t
+                came = now_ready - ready
+                samples = [now - t for t in slots[:came]]  # the oldest slots turned ready
+                # the rest were asked for since the last read and are ready already:
+                # their start-up is at most the time between the reads
+                if self.read_at is not None:
+                    samples += [now - self.read_at] * (came - len(samples))
+                for sample in samples:
                     startup = sample if startup is None else (
                         startup + STARTUP_WEIGHT * (sample - startup))
-                slots = slots[now_ready - ready:]
+                slots = slots[came:]
             if len(slots) < starting:
                 slots += [now] * (starting - len(slots))
             since, ready = tuple(slots[:starting]), now_ready
@@ -306,7 +341,7 @@ class Estimates:
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
         out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
-                        self.recurred, weight)
+                        self.recurred, weight, now if infra is not None else self.read_at)
         peak = out.peak_rate(s)
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
@@ -370,6 +405,10 @@ class Sizing:
     grows: bool = False
     """The room grows the pool, not only holds it: a small pool of short tasks, bursts
     that recur (see the module docstring)."""
+    jump: int = 0
+    """Tasks of room for a jump back to the busiest rate read lately, kept for tasks
+    shorter than the wait aimed at (`jump_share`): it holds every scale-down, whether
+    or not bursts recur, and never makes the pool grow."""
     level: int | None = None
     """The arrivals' level: ``ceil(burst rate x service)`` (`burst_rate`), the tasks
     the arrivals keep in service at their busiest, without the backlog a burst leaves
@@ -439,6 +478,13 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         room_s = est.room_service or service
         reserve = math.ceil(room_rate * room_s - 1e-9)
     grows = recurs and small
+    # tasks shorter than the wait aimed at: room for a jump back to the busiest rate
+    # read over the flap window, and the room holds every scale-down (`jump_share`)
+    quick = service < s.drain_horizon and peak is not None
+    top = max((r for t, r in est.rates if now is None or t > now - s.flap_window),
+              default=0.0)
+    share = jump_share(startup, s)
+    jump = math.ceil(share * top * service - 1e-9) if quick else 0
     lines += [
         f"arrivals {rate:.3g}/s over {s.rate_window:g}s"
         + ("" if demand.arrival_peak is None else
@@ -493,10 +539,25 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
                f" {room_s:.3g}s (its fall to {service:.3g}s is within "
                f"{s.headroom_sigmas:g} standard errors)")
             + f" = {reserve} tasks")
-        lines.append(f"scale down no lower than the headroom: {reserve} tasks"
+    if quick:
+        lines.append(
+            f"room for a jump (tasks shorter than the {s.drain_horizon:g}s wait aimed "
+            f"at): the busiest burst rate read over {s.flap_window:g}s, {top:.3g}/s, x "
+            f"(1 - {s.drain_horizon:g}s / start-up {startup:.3g}s) = {share:.3g} of it "
+            f"served already keeps its wait within {s.drain_horizon:g}s until new "
+            f"replicas serve: x service = {jump} tasks")
+    if quick and recurs:
+        lines.append(f"scale down no lower than the room: max(headroom, jump) = "
+                     f"{max(reserve, jump)} tasks"
                      + (f"; a pool below {s.small_pool_replicas} replicas of tasks shorter "
-                        f"than {s.drain_horizon:g}s grows to it while bursts recur"
-                        if grows else "")
+                        f"than {s.drain_horizon:g}s grows to the headroom while bursts "
+                        f"recur" if grows else ""))
+    elif quick:
+        lines.append(f"scale down no lower than the jump's room: {jump} tasks (the "
+                     f"headroom's {reserve} only while the pool flaps: bursts do not "
+                     f"recur)")
+    elif peak is not None:
+        lines.append(f"scale down no lower than the headroom: {reserve} tasks"
                      if recurs else
                      f"no room held for bursts that do not recur: a scale-down keeps the "
                      f"headroom's {reserve} tasks only while the pool flaps")
@@ -504,4 +565,4 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     level = math.ceil(burst * service - 1e-9)
     lines.append(f"arrivals' level = burst rate {burst:.3g}/s x service = {level} tasks "
                  f"(a flapping pool holds the most of it over {s.flap_window:g}s)")
-    return Sizing(effective, tuple(lines), reserve, recurs, left, short, grows, level)
+    return Sizing(effective, tuple(lines), reserve, recurs, left, short, grows, jump, level)

@@ -275,9 +275,12 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
             return current, f"scale-down needs an empty queue ({p.demand.queued} queued)"
         # Room is held only for demand that recurs (the flap guard's signal): after a
         # step down, the old level's reads would otherwise hold it for the whole window.
-        room = raw_desired(sizing.reserve, target) if flapping or sizing.recurs else 0
+        # Tasks shorter than the wait aimed at also keep room for a jump back to a rate
+        # read lately, recurring or not (`roost.decide.demand.jump_share`).
+        kept = max(sizing.reserve if flapping or sizing.recurs else 0, sizing.jump)
+        room = raw_desired(kept, target)
         if room >= current:
-            return current, f"headroom: {sizing.reserve} tasks of room hold {current}"
+            return current, f"headroom: {kept} tasks of room hold {current}"
         if room > high:
             return room, f"demand below {current} for {held}, queue empty; headroom " \
                          f"keeps {room}"
