@@ -628,6 +628,13 @@ def test_tasks_shorter_than_the_wait_aimed_at_keep_room_for_a_jump_back() -> Non
     old = replace(est, rates=_rates(*[10.0] * 19, 100.0, *[10.0] * 31))
     late = size(Demand(0, 2, 10.0), old, replicas=7, target=3, s=s, now=NOW)
     assert late.jump == math.ceil((1 - 5 / 90) * 10.0 * 0.2)
+    # a flap window longer than the headroom's reaches back no further than the reads
+    # kept (the headroom window): that burst, 320 s ago, is beyond 300 s of them
+    kept = size(Demand(0, 2, 10.0), old, replicas=7, target=3, now=NOW,
+                s=replace(s, flap_window=900.0, headroom_window=300.0))
+    assert kept.jump == late.jump
+    assert any("the busiest burst rate read over 300s, 10/s" in line
+               for line in kept.explain), kept.explain
     # tasks as long as the wait aimed at keep the headroom's rules alone
     long = size(Demand(0, 2, 10.0), est, replicas=7, target=3,
                 s=replace(s, drain_horizon=0.2), now=NOW)

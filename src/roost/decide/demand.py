@@ -481,8 +481,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     # tasks shorter than the wait aimed at: room for a jump back to the busiest rate
     # read over the flap window, and the room holds every scale-down (`jump_share`)
     quick = service < s.drain_horizon and peak is not None
-    top = max((r for t, r in est.rates if now is None or t > now - s.flap_window),
-              default=0.0)
+    lately = min(s.flap_window, s.headroom_window)  # the reads are kept that long
+    top = max((r for t, r in est.rates if now is None or t > now - lately), default=0.0)
     share = jump_share(startup, s)
     jump = math.ceil(share * top * service - 1e-9) if quick else 0
     lines += [
@@ -542,8 +542,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     if quick:
         lines.append(
             f"room for a jump (tasks shorter than the {s.drain_horizon:g}s wait aimed "
-            f"at): the busiest burst rate read over {s.flap_window:g}s, {top:.3g}/s, x "
-            f"(1 - {s.drain_horizon:g}s / start-up {startup:.3g}s) = {share:.3g} of it "
+            f"at): the busiest burst rate read over {lately:g}s, {top:.3g}/s, x "
+            f"max(0, 1 - {s.drain_horizon:g}s / start-up {startup:.3g}s) = {share:.3g} of it "
             f"served already keeps its wait within {s.drain_horizon:g}s until new "
             f"replicas serve: x service = {jump} tasks")
     if quick and recurs:
