@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,12 @@ async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
     assert own.exit_code == 0 and json.loads(own.output)[0]["scale_down_window"] == 300
     shown = await invoke(pools, "list", env={**env, "COLUMNS": "200"})
     assert "300s" in shown.output, shown.output
+    # 80 columns cannot hold the table: a block per pool, every value whole
+    narrow = await invoke(pools, "list", env={**env, "COLUMNS": "80"})
+    lines = narrow.output.splitlines()
+    assert "…" not in narrow.output and max(len(x.rstrip()) for x in lines) <= 80
+    assert re.search(r"^scale-down window +300s$", narrow.output, re.M), narrow.output
+    assert re.search(r"^growth +max\(8, 100%\)/15s$", narrow.output, re.M), narrow.output
     for bad in ("3601", "-1"):
         res = await invoke(pools, "update", "ok", "--scale-down-window", bad, env=env)
         assert res.exit_code == 1, res.output

@@ -245,18 +245,33 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(s) for s in specs], indent=2))
         return
-    table = Table("pool", "min", "max", "target", "cpu m", "mem MiB", "db pool", "revision",
-                  "orchestrator", "ref", "growth", "disruption", "scale-down window")
-    for s in specs:
-        table.add_row(s.pool_id, str(s.min_replicas), str(s.max_replicas),
-                      str(s.target_per_replica), str(s.worker_cpu_milli),
-                      str(s.worker_mem_mib), str(s.worker_db_pool_size), s.expected_revision,
-                      s.orchestrator, s.orchestrator_ref,
-                      f"max({s.growth_replicas}, {s.growth_percent}%)/15s",
-                      f"max({s.disruption_replicas}, {s.disruption_percent}%)/min",
-                      "controller's" if s.scale_down_window is None
-                      else f"{s.scale_down_window}s")
-    Console().print(table)
+    heads = ("pool", "min", "max", "target", "cpu m", "mem MiB", "db pool", "revision",
+             "orchestrator", "ref", "growth", "disruption", "scale-down window")
+    rows = [(s.pool_id, str(s.min_replicas), str(s.max_replicas), str(s.target_per_replica),
+             str(s.worker_cpu_milli), str(s.worker_mem_mib), str(s.worker_db_pool_size),
+             s.expected_revision, s.orchestrator, s.orchestrator_ref,
+             f"max({s.growth_replicas}, {s.growth_percent}%)/15s",
+             f"max({s.disruption_replicas}, {s.disruption_percent}%)/min",
+             "controller's" if s.scale_down_window is None else f"{s.scale_down_window}s")
+            for s in specs]
+    console = Console()
+    table = Table(*heads)
+    for row in rows:
+        table.add_row(*row)
+    # its natural width, measured as if the terminal were unbounded (a measure within
+    # the terminal's width is capped at it)
+    if console.measure(table, options=console.options.update_width(10**6)).maximum \
+            <= console.width:
+        console.print(table)
+        return
+    # Thirteen columns do not fit a narrow terminal: rich would cut every value to a
+    # letter or two. One block per pool, a field a line, shows them whole.
+    width = max(len(h) for h in heads)
+    for i, row in enumerate(rows):
+        if i:
+            click.echo()
+        for head, value in zip(heads, row, strict=True):
+            click.echo(f"{head:<{width}}  {value}".rstrip())
 
 
 @click.group("pools")
