@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,15 +126,22 @@ def test_hpa_rules_tolerance_stabilization_and_scale_up_limit() -> None:
     assert pool.target == 5  # at most max(+100 %, +4) per sync
 
 
+def _suite(out: Path, args: list[str]) -> dict[str, Any]:
+    """``roost bench autoscale`` with ``args`` into ``out``, which must succeed; its
+    JSON."""
+    result = CliRunner().invoke(autoscale, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads((out / "suite.json").read_text())
+    return doc
+
+
 def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
     """``--suite --only --peaks``: one curve at peak 10 (its four points), every
     policy, the JSON, the table and the plot; no trace needed."""
     out = tmp_path / "suite"
-    result = CliRunner().invoke(autoscale, [
+    doc = _suite(out, [
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
-        "--peaks", "10", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "suite.json").read_text())
+        "--peaks", "10"])
     assert [(r["curve"], r["peak"]) for r in doc["rows"]] == [("spike-train", 10.0)] * 4
     assert doc["summary"]["points"] == 4 and doc["settings"]["peaks"] == [10.0]
     for row in doc["rows"]:
@@ -152,11 +160,9 @@ def test_the_suite_runs_a_chosen_curve_at_chosen_peaks(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     base.write_text(json.dumps(doc))
     again = tmp_path / "again"
-    result = CliRunner().invoke(autoscale, [
+    doc2 = _suite(again, [
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
-        "--peaks", "10", "--out", str(again), "--baselines", str(base), "--held-out"])
-    assert result.exit_code == 0, result.output
-    doc2 = json.loads((again / "suite.json").read_text())
+        "--peaks", "10", "--baselines", str(base), "--held-out"])
     assert [r["reused"] for r in doc2["rows"]] == [[]] + [["hpa", "keda"]] * 3
     assert "3 of 4 points reused" in doc2["baselines"]
     assert [r["results"] for r in doc2["rows"]] == [r["results"] for r in doc["rows"]]
@@ -176,11 +182,9 @@ def test_the_suite_runs_service_times_outside_its_matrix(tmp_path: Path) -> None
     """``--services``: the chosen curve's peaks and start-ups with other tasks, every
     policy, said in the JSON and the Markdown; bad lists refused as usage errors."""
     out = tmp_path / "suite"
-    result = CliRunner().invoke(autoscale, [
+    doc = _suite(out, [
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
-        "--peaks", "10", "--services", "2,0.5", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "suite.json").read_text())
+        "--peaks", "10", "--services", "2,0.5"])
     assert sorted((r["startup"], r["service_mean"]) for r in doc["rows"]) == [
         (10.0, 0.5), (10.0, 2.0), (90.0, 0.5), (90.0, 2.0)]
     assert doc["settings"]["services"] == [0.5, 2.0]
@@ -263,9 +267,7 @@ def test_phases_read_the_bar_on_medians_over_where_the_tick_grid_falls(
     out = tmp_path / "phased"
     args = ["--suite", "--data-dir", str(tmp_path / "none"), "--only", "spike-train",
             "--peaks", "10", "--services", "0.5", "--phases", "3"]
-    result = CliRunner().invoke(autoscale, [*args, "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "suite.json").read_text())
+    doc = _suite(out, args)
     assert doc["settings"]["phases"] == pytest.approx([0, 1 / 3, 2 / 3])
     row = doc["rows"][0]
     hpa = [r["replica_seconds"] for r in row["phases"]["hpa"]]
@@ -280,10 +282,7 @@ def test_phases_read_the_bar_on_medians_over_where_the_tick_grid_falls(
     assert "Phases: roost and HPA each ran every point" in (out / "suite.md").read_text()
 
     again = tmp_path / "again"
-    result = CliRunner().invoke(autoscale, [*args, "--out", str(again), "--baselines",
-                                            str(out / "suite.json")])
-    assert result.exit_code == 0, result.output
-    doc2 = json.loads((again / "suite.json").read_text())
+    doc2 = _suite(again, [*args, "--baselines", str(out / "suite.json")])
     assert [r["reused_phases"] for r in doc2["rows"]] == [["hpa"], ["hpa"]]
     assert [r["medians"] for r in doc2["rows"]] == [r["medians"] for r in doc["rows"]]
     bad = CliRunner().invoke(autoscale, [*args, "--phases", "0", "--out", str(again)])
@@ -300,11 +299,8 @@ def test_unseen_shapes_run_apart_from_the_suite_and_are_held_out(tmp_path: Path)
         assert len(a) >= 60 * 60 and a.max() == pytest.approx(1.0), name
         assert a.min() >= 0.05 and a.min() < 0.5, name  # a low level as well as the peak
     out = tmp_path / "unseen"
-    result = CliRunner().invoke(autoscale, [
-        "--suite", "--unseen-shapes", "--only", "ramp-hold", "--peaks", "10",
-        "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "suite.json").read_text())
+    doc = _suite(out, [
+        "--suite", "--unseen-shapes", "--only", "ramp-hold", "--peaks", "10"])
     assert {(r["curve"], r["kind"]) for r in doc["rows"]} == {("ramp-hold", "held-out")}
     assert len(doc["rows"]) == 4 and doc["settings"]["unseen_shapes"] is True
     assert doc["summary"]["geomean_held_out"] == doc["summary"]["geomean_roost_over_hpa"]
@@ -334,11 +330,9 @@ def test_a_pools_own_scale_down_window_in_the_bench(tmp_path: Path) -> None:
     assert "not yet held for 300s" not in plain.output
     assert "not yet held for 60s" in plain.output
     out = tmp_path / "suite"
-    result = CliRunner().invoke(autoscale, [
+    doc = _suite(out, [
         "--suite", "--data-dir", str(tmp_path / "none"), "--only", "step-down",
-        "--peaks", "10", "--pool-down-window", "120", "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    doc = json.loads((out / "suite.json").read_text())
+        "--peaks", "10", "--pool-down-window", "120"])
     assert doc["settings"]["pool"]["scale_down_window"] == 120
     assert "its own scale-down window of 120 s" in (out / "suite.md").read_text()
     bad = CliRunner().invoke(autoscale, [*args, "--pool-down-window", "3601"])
