@@ -10,7 +10,7 @@ import pytest
 
 from roost.decide.demand import Estimates, burst_rate, in_service, jump_share, size
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
-from roost.decide.plan import PoolHistory, disruption_budget, growth_limit
+from roost.decide.plan import Allowance, PoolHistory, disruption_budget, growth_limit, periods_spent
 from roost.decide.snapshot import (
     Demand,
     Infra,
@@ -181,18 +181,71 @@ def test_estimates_time_a_replica_from_not_ready_to_ready() -> None:
 
 
 @pytest.mark.parametrize(
-    ("targets", "current", "growth", "limit"),
+    ("current", "periods", "growth", "limit"),
     [
-        (((NOW, 2),), 2, (4, 100), 6),  # max(4, 100 % of 2)
-        (((NOW, 20),), 20, (4, 100), 40),  # max(4, 100 % of 20)
-        (((NOW - 10, 10), (NOW, 20)), 20, (4, 100), 20),  # the period's base was 10
-        (((NOW, 20),), 20, (1, 0), 21),
+        (2, 1.0, (4, 100), 6),  # max(4, 100 % of 2): a whole period's worth
+        (20, 1.0, (4, 100), 40),  # max(4, 100 % of 20)
+        (20, 2 / 3, (4, 100), 31),  # 20 x 2^(2/3) = 31.7, rounded down
+        (1, 2 / 3, (4, 100), 3),  # 1 + 4 x 2/3 = 3.7
+        (20, 1.0, (1, 0), 21),
+        (20, 0.5, (1, 0), 20),  # half a replica's worth: none yet
+        (0, 1.0, (4, 100), 4),
+        (20, 0.0, (4, 100), 20),
     ],
 )
-def test_growth_limit(targets: tuple[tuple[float, int], ...], current: int,
-                      growth: tuple[int, int], limit: int) -> None:
+def test_growth_limit(current: int, periods: float, growth: tuple[int, int], limit: int
+                      ) -> None:
     s = spec(growth_replicas=growth[0], growth_percent=growth[1])
-    assert growth_limit(s, targets, current) == limit
+    assert growth_limit(s, current, periods) == limit
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "spent"),
+    [
+        (8, 16, 1.0),  # a doubling: one period
+        (16, 64, 2.0),  # two doublings, whatever the ticks between
+        (1, 5, 1.0),  # four more: one period of the replicas' policy (the percent: 2.3)
+        (2, 3, 0.25),  # the replicas' policy: a quarter; the percent's 0.58
+        (10, 10, 0.0),
+        (10, 4, 0.0),
+        (0, 4, 1.0),
+    ],
+)
+def test_periods_spent_inverts_the_limit(before: int, after: int, spent: float) -> None:
+    s = spec(growth_replicas=4, growth_percent=100)
+    assert periods_spent(s, before, after) == pytest.approx(spent)
+
+
+def test_the_allowance_refills_at_the_rate_and_never_past_one_period() -> None:
+    s = spec(growth_replicas=4, growth_percent=100)
+    a = Allowance(NOW, 8)
+    assert a.limit(s) == 16
+    a = a.read(s, NOW + 10, 16, 15.0)  # the doubling asked at NOW spent it all
+    assert a.left == pytest.approx(10 / 15) and a.limit(s) == 25  # 16 x 2^(2/3)
+    a = a.read(s, NOW + 20, 25, 15.0)
+    assert a.left == pytest.approx(10 / 15 - math.log2(25 / 16) + 10 / 15)
+    idle = Allowance(NOW, 8, 0.0).read(s, NOW + 600, 8, 15.0)
+    assert idle.left == 1.0 and idle.limit(s) == 16
+    shrunk = Allowance(NOW, 8, 0.2).read(s, NOW + 3, 4, 15.0)  # shrinking spends none
+    assert shrunk.left == pytest.approx(0.4)
+
+
+def test_a_pool_grows_at_the_rate_whatever_the_tick() -> None:
+    """Four ticks a period or one every 10 s: a pool that keeps growing doubles about
+    every 15 s (floors aside), never faster; a tick longer than the period doubles it
+    once a tick. A window over the last 15 s let a 10 s tick double the pool only every
+    20 s."""
+    s = spec(growth_replicas=4, growth_percent=100)
+    for tick in (3.75, 10.0, 15.0, 20.0):
+        a, asked = Allowance(NOW, 64), 0.0
+        while True:
+            n = a.limit(s)  # asked at each tick, the first one a whole period's worth
+            if asked + tick > 60:
+                break
+            asked += tick
+            a = a.read(s, NOW + asked, n, 15.0)
+        rate = 1 + asked / max(tick, 15)  # a read refills one period's worth at most
+        assert rate - 0.1 <= math.log2(n / 64) <= rate + 1e-9, (tick, n)
 
 
 def test_a_burst_grows_the_pool_within_the_bound() -> None:
@@ -200,10 +253,10 @@ def test_a_burst_grows_the_pool_within_the_bound() -> None:
     p = run(snap(pool(s, queued=500, replicas=2)), {"p": held(500)}).pool("p")
     assert p.desired_replicas == 6 and p.steps == (ScaleUp("p", 6),)
     assert "growth bound" in p.reason
-    # ten seconds later, the base of the 15 s period is still 2: no more growth yet
+    # ten seconds later two thirds of a period's worth has come back: 6 x 2^(2/3)
     p2 = run(snap(pool(s, queued=500, replicas=6), read_at=NOW + 10),
              {"p": p.history}, now=NOW + 10).pool("p")
-    assert p2.desired_replicas == 6
+    assert p2.desired_replicas == 9 and "0.67 of a period's worth unspent" in p2.reason
 
 
 def test_min_replicas_is_not_bounded() -> None:
@@ -297,7 +350,7 @@ def test_bad_bounds_are_named(change: dict[str, int], words: str) -> None:
 
 def test_history_keeps_what_the_bounds_need() -> None:
     h = run(snap(pool()), {"p": PoolHistory()}, settings=SETTINGS).history["p"]
-    assert h.targets == ((NOW, 2),) and h.estimates.ready == 2
+    assert h.allowance == Allowance(NOW, 2) and h.estimates.ready == 2
 
 
 def test_a_pool_that_grows_again_soon_after_shrinking_holds_longer() -> None:

@@ -215,7 +215,7 @@ def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
         click.option("--growth-replicas", "growth_replicas", type=int, **(
             {"default": _BOUNDS.growth_replicas} if create else opt),
                      help="Scale-up bound: at most max(this, --growth-percent) more replicas "
-                     "per 15 s (>= 1)."),
+                     "per 15 s, as a rate whatever the tick (>= 1)."),
         click.option("--growth-percent", "growth_percent", type=int, **(
             {"default": _BOUNDS.growth_percent} if create else opt),
                      help="Scale-up bound, in percent of the pool per 15 s (>= 0)."),

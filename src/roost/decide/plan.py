@@ -19,7 +19,7 @@ The order of the rules, for each pool:
    current) *and* an empty queue; the headroom stops a scale-down of bursts that
    recur, and grows a small pool of short tasks to it at once;
 4. min/max replicas, then the growth bound (at most ``max(growth_replicas,
-   growth_percent %)`` more per growth period);
+   growth_percent %)`` more per growth period, a rate whatever the tick: `Allowance`);
 5. growth capped by node memory/CPU headroom and the shared database budget;
 6. drain-safe scale-down steps (`roost.decide.drain`), as many drains at once as the
    pool's disruption budget allows.
@@ -67,6 +67,57 @@ def _kept(series: list[tuple[float, int]], now: float, keep: float
 
 
 @dataclass(frozen=True, slots=True)
+class Allowance:
+    """The growth bound's state, read at ``at`` with the pool seen at ``seen`` replicas:
+    ``left`` of one growth period's allowance is unspent (0 to 1).
+
+    The bound is a rate. A pool may grow by ``max(growth_replicas, growth_percent %)``
+    per growth period: the allowance refills at one period's worth per period, never
+    past one, and growth spends the part of a period it needed (the percent compounded:
+    doubling twice takes two periods). So a pool idle for a period may grow by a whole
+    period's worth at once, as HPA's first step, and a pool growing all along grows at
+    the rate whatever the tick. A window (the smallest size seen over the last period)
+    would not: with a 10 s tick and a 15 s period it let a pool double only every other
+    tick, every 20 s, where HPA's 15 s sync doubles it every 15 s.
+    """
+
+    at: float
+    seen: int
+    left: float = 1.0
+
+    def read(self, spec: PoolSpec, now: float, seen: int, period: float) -> Allowance:
+        """The allowance at ``now``: the growth since the last read spent, then refilled
+        for the time between (the growth was asked at the last read)."""
+        left = max(0.0, self.left - periods_spent(spec, self.seen, seen))
+        return Allowance(now, seen, min(1.0, left + max(0.0, now - self.at) / period))
+
+    def limit(self, spec: PoolSpec) -> int:
+        """The most replicas the unspent allowance lets the pool grow to from ``seen``
+        (rounded down, so the rate holds; `growth_limit`)."""
+        return growth_limit(spec, self.seen, self.left)
+
+
+def growth_limit(spec: PoolSpec, current: int, periods: float = 1.0) -> int:
+    """The most replicas ``periods`` of the growth bound's allowance let ``current``
+    grow to: ``max(growth_replicas, growth_percent %)`` per period, the percent
+    compounded (HPA's policy arithmetic with ``selectPolicy: Max``, as a rate)."""
+    added = spec.growth_replicas * periods
+    grown = current * math.pow(1 + spec.growth_percent / 100, periods)
+    return math.floor(max(current + added, grown) + 1e-9)
+
+
+def periods_spent(spec: PoolSpec, before: int, after: int) -> float:
+    """The part of a period's allowance growing from ``before`` to ``after`` replicas
+    needed: the least of what either policy took (the inverse of `growth_limit`)."""
+    if after <= before:
+        return 0.0
+    spent = (after - before) / spec.growth_replicas
+    if before > 0 and spec.growth_percent > 0:
+        spent = min(spent, math.log(after / before) / math.log1p(spec.growth_percent / 100))
+    return spent
+
+
+@dataclass(frozen=True, slots=True)
 class PoolHistory:
     """What the plan carries from tick to tick for one pool.
 
@@ -76,13 +127,13 @@ class PoolHistory:
     the same figure as the sample without the model): what the flap guard holds.
     Tasks, not replica counts, so that changing a pool's target per replica takes
     effect at once. A gap in the data (a failed read) clears them: a window must be
-    observed without holes before it can justify a change. ``targets`` are the replica
-    counts the orchestrator was seen at (the growth bound's base), ``drains`` when each
-    drain began (the disruption budget), ``estimates`` the service and start-up times.
+    observed without holes before it can justify a change. ``allowance`` is the growth
+    bound's state, ``drains`` when each drain began (the disruption budget),
+    ``estimates`` the service and start-up times.
     """
 
     samples: tuple[tuple[float, int], ...] = ()
-    targets: tuple[tuple[float, int], ...] = ()
+    allowance: Allowance | None = None
     drains: tuple[tuple[float, str], ...] = ()
     estimates: Estimates = field(default_factory=Estimates)
     shrunk_at: float | None = None
@@ -288,14 +339,6 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
     return current, "demand matches replicas"
 
 
-def growth_limit(spec: PoolSpec, targets: tuple[tuple[float, int], ...], current: int) -> int:
-    """The most replicas the growth bound allows now: the smallest size seen over the
-    growth period plus ``max(growth_replicas, growth_percent %)`` of it (HPA's policy
-    arithmetic, with ``selectPolicy: Max``)."""
-    base = min((n for _, n in targets), default=current)
-    return base + max(spec.growth_replicas, math.ceil(base * spec.growth_percent / 100))
-
-
 def disruption_budget(spec: PoolSpec, current: int) -> int:
     """Drains the pool may start per disruption period (and one more whenever none is
     in flight, so a pool never shrinks slower than one drained worker at a time)."""
@@ -317,10 +360,12 @@ class _Draft:
 
 
 def _tracks(p: PoolInputs, prev: PoolHistory, now: float, s: PlanSettings) -> PoolHistory:
-    """The history's growth-bound base, drain records and estimates brought up to now."""
-    targets = tuple((t, n) for t, n in prev.targets if t >= now - s.growth_period)
+    """The history's growth allowance, drain records and estimates brought up to now."""
+    allowance = prev.allowance
     if p.infra is not None:
-        targets += ((now, p.infra.target_replicas),)
+        size = p.infra.target_replicas
+        allowance = (Allowance(now, size) if allowance is None
+                     else allowance.read(p.spec, now, size, s.growth_period))
     drains = [(t, w) for t, w in prev.drains if t > now - s.disruption_period]
     seen = {w for _, w in drains}
     for w in p.workers or ():
@@ -328,7 +373,7 @@ def _tracks(p: PoolInputs, prev: PoolHistory, now: float, s: PlanSettings) -> Po
                 and w.worker_id not in seen and w.draining_since > now - s.disruption_period):
             drains.append((w.draining_since, w.worker_id))
     est = prev.estimates.observe(p.demand, p.infra, now, s)
-    return replace(prev, targets=targets, drains=tuple(sorted(drains)), estimates=est)
+    return replace(prev, allowance=allowance, drains=tuple(sorted(drains)), estimates=est)
 
 
 def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: float,
@@ -356,11 +401,12 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
         bound = "min" if clamped > wanted else "max"
         reason = f"{bound}_replicas {clamped} (demand alone: {wanted})"
     if clamped > current and clamped > spec.min_replicas:
-        limit = growth_limit(spec, hist.targets, current)
-        bounded = max(min(clamped, limit), spec.min_replicas, current)
+        allowance = hist.allowance or Allowance(now, current)
+        bounded = max(min(clamped, allowance.limit(spec)), spec.min_replicas, current)
         if bounded < clamped:
             reason = (f"{reason}; growth bound {bounded} (max({spec.growth_replicas}, "
-                      f"{spec.growth_percent}%) per {s.growth_period:g}s)")
+                      f"{spec.growth_percent}%) per {s.growth_period:g}s, "
+                      f"{allowance.left:.2f} of a period's worth unspent)")
             clamped = bounded
     return _Draft(p, hist, current, raw, clamped, None, reason, explain, sizing.short)
 

@@ -42,7 +42,7 @@ class PoolSpec:
     growth_replicas: int = 4
     """Scale-up bound: at most ``max(growth_replicas, growth_percent % of the pool)`` more
     replicas per `PlanSettings.growth_period` (HPA's default behavior: 4 pods or 100 %
-    per 15 s, whichever is more)."""
+    per 15 s, whichever is more), as a rate whatever the tick (`roost.decide.plan.Allowance`)."""
     growth_percent: int = 100
     disruption_replicas: int = 2
     """Scale-down budget: at most ``max(disruption_replicas, disruption_percent % of the
