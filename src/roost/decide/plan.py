@@ -97,7 +97,7 @@ class Allowance:
         return growth_limit(spec, self.seen, self.left)
 
 
-def growth_limit(spec: PoolSpec, current: int, periods: float = 1.0) -> int:
+def growth_limit(spec: PoolSpec, current: int, periods: float) -> int:
     """The most replicas ``periods`` of the growth bound's allowance let ``current``
     grow to: ``max(growth_replicas, growth_percent %)`` per period, the percent
     compounded (HPA's policy arithmetic with ``selectPolicy: Max``, as a rate)."""
