@@ -131,7 +131,11 @@ async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
     lines = narrow.output.splitlines()
     assert "…" not in narrow.output and max(len(x.rstrip()) for x in lines) <= 80
     assert re.search(r"^scale-down window +300s$", narrow.output, re.M), narrow.output
-    assert re.search(r"^growth +max\(8, 100%\)/15s$", narrow.output, re.M), narrow.output
+    assert re.search(r"^growth/period +max\(8, 100%\)$", narrow.output, re.M), narrow.output
+    # the periods are the controller's settings: named once, with their defaults
+    footnote = "period: the controller's growth_period, disruption_period (default 15 s, 60 s)"
+    assert narrow.output.rstrip().endswith(footnote), narrow.output
+    assert shown.output.rstrip().endswith(footnote), shown.output
     for bad in ("3601", "-1"):
         res = await invoke(pools, "update", "ok", "--scale-down-window", bad, env=env)
         assert res.exit_code == 1, res.output

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roost.controller import config as cfg
-from roost.decide.snapshot import PoolSpec
+from roost.decide.snapshot import PlanSettings, PoolSpec
 from roost.store import apitokens, roles
 from roost.store import pools as pools_q
 from roost.store.errors import StoreError
@@ -170,6 +170,8 @@ _dsn = click.option("--dsn", envvar=DSN_ENVS, required=True, show_envvar=True,
 
 _BOUNDS = PoolSpec("defaults", 0, 0, 1, 1, 1, 0)
 """A pool with the default growth bound and disruption budget."""
+_PERIODS = PlanSettings()
+"""The controller's default growth and disruption periods (its settings, not a pool's)."""
 
 CONTROLLER_WINDOW = "default"
 """What ``--scale-down-window`` takes for the controller's own window (unset)."""
@@ -215,17 +217,20 @@ def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
         click.option("--growth-replicas", "growth_replicas", type=int, **(
             {"default": _BOUNDS.growth_replicas} if create else opt),
                      help="Scale-up bound: at most max(this, --growth-percent) more replicas "
-                     "per 15 s, as a rate whatever the tick (>= 1)."),
+                     f"per the controller's growth_period (default {_PERIODS.growth_period:g} "
+                     "s), as a rate whatever the tick (>= 1)."),
         click.option("--growth-percent", "growth_percent", type=int, **(
             {"default": _BOUNDS.growth_percent} if create else opt),
-                     help="Scale-up bound, in percent of the pool per 15 s (>= 0)."),
+                     help="Scale-up bound, in percent of the pool per growth_period (>= 0)."),
         click.option("--disruption-replicas", "disruption_replicas", type=int, **(
             {"default": _BOUNDS.disruption_replicas} if create else opt),
                      help="Scale-down budget: at most max(this, --disruption-percent) workers "
-                     "start draining per minute (>= 1)."),
+                     "start draining per the controller's disruption_period (default "
+                     f"{_PERIODS.disruption_period:g} s) (>= 1)."),
         click.option("--disruption-percent", "disruption_percent", type=int, **(
             {"default": _BOUNDS.disruption_percent} if create else opt),
-                     help="Scale-down budget, in percent of the pool per minute (0..100)."),
+                     help="Scale-down budget, in percent of the pool per disruption_period "
+                     "(0..100)."),
         click.option("--scale-down-window", "scale_down_window", type=_Window(), default=None,
                      help="Seconds demand must stay below the pool's size before it scales "
                      "down (its stabilization, 0..3600, as HPA's scaleDown."
@@ -246,12 +251,16 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
         click.echo(json.dumps([dataclasses.asdict(s) for s in specs], indent=2))
         return
     heads = ("pool", "min", "max", "target", "cpu m", "mem MiB", "db pool", "revision",
-             "orchestrator", "ref", "growth", "disruption", "scale-down window")
+             "orchestrator", "ref", "growth/period", "disruption/period", "scale-down window")
+    # the periods are the controller's settings, not a pool's: the list names them and
+    # says their defaults once, below it, rather than print a default as the pool's
+    periods = (f"period: the controller's growth_period, disruption_period (default "
+               f"{_PERIODS.growth_period:g} s, {_PERIODS.disruption_period:g} s)")
     rows = [(s.pool_id, str(s.min_replicas), str(s.max_replicas), str(s.target_per_replica),
              str(s.worker_cpu_milli), str(s.worker_mem_mib), str(s.worker_db_pool_size),
              s.expected_revision, s.orchestrator, s.orchestrator_ref,
-             f"max({s.growth_replicas}, {s.growth_percent}%)/15s",
-             f"max({s.disruption_replicas}, {s.disruption_percent}%)/min",
+             f"max({s.growth_replicas}, {s.growth_percent}%)",
+             f"max({s.disruption_replicas}, {s.disruption_percent}%)",
              "controller's" if s.scale_down_window is None else f"{s.scale_down_window}s")
             for s in specs]
     console = Console()
@@ -263,6 +272,8 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
     if console.measure(table, options=console.options.update_width(10**6)).maximum \
             <= console.width:
         console.print(table)
+        if rows:
+            click.echo(periods)
         return
     # Thirteen columns do not fit a narrow terminal: rich would cut every value to a
     # letter or two. One block per pool, a field a line, shows them whole.
@@ -272,6 +283,9 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
             click.echo()
         for head, value in zip(heads, row, strict=True):
             click.echo(f"{head:<{width}}  {value}".rstrip())
+    if rows:
+        click.echo()
+        click.echo(periods)
 
 
 @click.group("pools")
