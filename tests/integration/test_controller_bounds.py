@@ -176,3 +176,58 @@ async def test_tasks_for_an_idle_pool_wake_the_controller_at_once(pg_dsn: str) -
     finally:
         stop.set()
         await rig.close()
+
+
+async def test_a_new_leader_starts_from_the_start_up_the_last_one_measured(rig: Rig) -> None:
+    """A leader measures a pool's 40 s start-up as it grows and publishes it with the
+    plan; the next leadership sizes on it from its first tick (its windows it observes
+    afresh), and a pool whose release changed since has it measured again."""
+    a = rig.controller(scale_up_window=0)
+    spec = await pools_q.create_pool(rig.db, pool_spec(max_replicas=50))
+    rig.fake.add_pool("p", replicas=1, nodes=[BIG_NODE], ready_on_start=False)
+    for ref in rig.fake.instances("p"):
+        rig.fake.set_ready("p", ref)
+    await rig.db.execute(  # the model needs a service time: completed tasks give it
+        "INSERT INTO tasks (pool_id, status, started_at, finished_at) "
+        "SELECT 'p', 'done', now() - interval '2 s', now() FROM generate_series(1, 30)")
+    await enqueue(rig.db, "p", 200)
+    born: dict[str, float] = {}
+    for _ in range(12):
+        now = rig.clock.time() + 10
+        for ref in rig.fake.instances("p"):  # ready 40 s after it was first seen
+            born.setdefault(ref, now)
+            if now - born[ref] >= 40:
+                rig.fake.set_ready("p", ref)
+        assert (await rig.tick(a)).error is None
+        assert a.last_plan is not None
+        if a.last_plan.pool("p").history.estimates.startup is not None:
+            break
+    measured = a.last_plan.pool("p").history.estimates.startup
+    assert measured is not None and 30 <= measured <= 50, measured
+    row = await rig.db.fetchrow("SELECT startup_seconds, startup_revision "
+                                "FROM desired_capacity WHERE pool_id = 'p'")
+    assert row["startup_seconds"] == pytest.approx(measured)
+    assert row["startup_revision"] == spec.expected_revision
+
+    def startup_line(c: object) -> str:
+        doc = msgspec.to_builtins(status_doc(c))  # type: ignore[arg-type]
+        return next(x for x in doc["plan"]["pools"]["p"]["sizing"] if "start-up" in x)
+
+    # a new leadership: no window carried over, the start-up remembered
+    await a.leadership.close()
+    b = rig.controller(scale_up_window=0)
+    res = await rig.tick(b)
+    assert res.leader and res.error is None and b.last_plan is not None
+    est = b.last_plan.pool("p").history.estimates
+    assert est.startup == pytest.approx(measured) and est.startup_remembered
+    assert b.last_plan.pool("p").history.samples[:-1] == ()  # the windows start afresh
+    assert f"start-up {measured:.3g}s (remembered from the previous leadership)" \
+        in startup_line(b), startup_line(b)
+
+    # the estimate was published for another release: the next leader measures again
+    await rig.db.execute("UPDATE desired_capacity SET startup_revision = 'an older one'")
+    await b.leadership.close()
+    c = rig.controller(scale_up_window=0)
+    assert (await rig.tick(c)).leader and c.last_plan is not None
+    assert c.last_plan.pool("p").history.estimates.startup is None
+    assert "start-up 30s (default)" in startup_line(c), startup_line(c)

@@ -10,7 +10,14 @@ import pytest
 
 from roost.decide.demand import Estimates, burst_rate, in_service, jump_share, size
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
-from roost.decide.plan import Allowance, PoolHistory, disruption_budget, growth_limit, periods_spent
+from roost.decide.plan import (
+    Allowance,
+    PoolHistory,
+    disruption_budget,
+    growth_limit,
+    periods_spent,
+    remembered,
+)
 from roost.decide.snapshot import (
     Demand,
     Infra,
@@ -166,6 +173,32 @@ def test_a_replica_turning_ready_shows_the_start_up_was_seen() -> None:
     assert mixed.startup == pytest.approx(20.0 + 0.3 * (10.0 - 20.0))
     # without an earlier read of the orchestrator there is nothing to time them by
     assert Estimates(ready=1).observe(None, _infra(3, 3), NOW, S).startup is None
+
+
+def test_a_remembered_start_up_is_used_until_this_leader_measures_one() -> None:
+    # a new leadership starts each pool it has no history for from the start-up the
+    # previous one published; a pool it already tracks keeps its own
+    own = PoolHistory(estimates=_est(1.0, startup=12.0))
+    got = remembered({"q": own}, {"p": 80.0, "q": 50.0})
+    assert got["q"] is own
+    est = got["p"].estimates
+    assert est.startup == 80.0 and est.startup_remembered and got["p"].samples == ()
+    # sized on it, and said so; the rule for a start-up not seen yet does not apply:
+    # the start-up is known (an overdue backlog with a replica starting)
+    demand = Demand(60, 4, 10.0)
+    warm = replace(est, service=1.0, service_at=NOW, ready=1, starting_since=(NOW - 10,))
+    sized = size(demand, warm, replicas=2, target=5, s=S, now=NOW)
+    assert sized.explain[1].endswith("start-up 80s (remembered from the previous "
+                                     "leadership)"), sized.explain
+    assert sized.overdue > 0 and sized.effective < 60 + 4, sized.explain
+    assert not any("no start-up seen yet" in line for line in sized.explain)
+    # the first start-up this leader measures moves it as any sample does, and from
+    # then on it is measured
+    e = warm.observe(None, _infra(2, 1), NOW, S)
+    assert e.startup_remembered
+    e = e.observe(None, _infra(2, 2), NOW + 30, S)  # seen starting at NOW - 10: 40 s
+    assert e.startup == pytest.approx(80.0 + 0.3 * (40.0 - 80.0))
+    assert not e.startup_remembered
 
 
 def test_estimates_time_a_replica_from_not_ready_to_ready() -> None:

@@ -12,6 +12,8 @@ A tick as leader:
 A follower reads the plan the leader published, so any replica's /status shows it.
 The demand history that the windows need lives in the leader's memory and starts empty
 on every new leadership: a new leader must observe a window itself before it acts on it.
+Only each pool's replica start-up time carries over, published with the plan
+(docs/architecture.md, "What a new leader remembers").
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from roost.controller.inputs import DB_ERRORS, RateReads, read_snapshot
 from roost.controller.leadership import Leadership, LeadershipError
 from roost.controller.metrics import ControllerMetrics
 from roost.controller.orchestrator import Orchestrator
-from roost.decide.plan import Plan, PoolHistory, plan
+from roost.decide.plan import Plan, PoolHistory, plan, remembered
 from roost.decide.snapshot import Demand
 from roost.store import fenced, runtime
 from roost.store.errors import StaleEpoch
@@ -80,6 +82,9 @@ class Controller:
         self._epoch_seen: int | None = None
         self._rates_read_at: float | None = None
         """When the leader last read the arrival rates (monotonic)."""
+        self._remembered: dict[str, runtime.Published] = {}
+        """The previous leadership's published rows with a start-up estimate, read when
+        this leadership began and used on its first tick."""
         self.wake = asyncio.Event()
         """Set to end the wait between ticks early: stop, this controller has just become
         leader, or tasks for an idle pool."""
@@ -204,6 +209,18 @@ class Controller:
             self.published = await runtime.read_published(conn, timeout=timeout)
             self.queue = await runtime.read_demand(conn, timeout=timeout)
 
+    async def _read_remembered(self) -> dict[str, runtime.Published]:
+        """The published rows that carry a start-up estimate. A failed read costs only
+        the memory: the start-ups are measured afresh, as they would be without it."""
+        try:
+            async with self.db.acquire() as conn:
+                rows = await runtime.read_published(conn, timeout=self.config.io_timeout)
+        except DB_ERRORS as e:
+            log.warning("could not read the previous leadership's start-up times (%s): "
+                        "measuring them afresh", e)
+            return {}
+        return {r.pool_id: r for r in rows if r.startup is not None}
+
     async def _lead(self, result: TickResult) -> None:
         epoch = self.leadership.epoch
         assert epoch is not None
@@ -211,6 +228,7 @@ class Controller:
             self.history = {}  # a new leadership observes its windows afresh
             self._epoch_seen = epoch
             self._rates_read_at = None
+            self._remembered = await self._read_remembered()
         s = self.settings
         read_at = self.clock.monotonic()
         # the peak is read since the previous read (the interval on a first read), so
@@ -225,18 +243,27 @@ class Controller:
                                        timeout=self.config.io_timeout, rates=reads)
         self._watch_clock(None if snapshot.db is None else snapshot.db.clock_offset)
         now = self.clock.time()
+        if self._remembered:
+            self.history = remembered(self.history, {
+                x.spec.pool_id: r.startup for x in snapshot.pools
+                if (r := self._remembered.get(x.spec.pool_id)) is not None
+                and r.startup is not None
+                # a new release may start differently: measured again
+                and r.startup_revision == x.spec.expected_revision})
+            self._remembered = {}
         p = plan(snapshot, self.history, now=now, settings=self.settings)
         self.history = p.history
         self.last_plan = result.plan = p
         self.queue = {x.spec.pool_id: x.demand for x in snapshot.pools if x.demand is not None}
         self.metrics.observe_plan(p)
+        specs = {x.spec.pool_id: x.spec for x in snapshot.pools}
         await fenced.publish_desired(
             self.db, epoch,
             [fenced.DesiredRow(x.pool_id, x.desired_replicas, x.current_replicas, x.raw_desired,
-                               x.reason, x.frozen_reason) for x in p.pools],
+                               x.reason, x.frozen_reason, x.history.estimates.startup,
+                               specs[x.pool_id].expected_revision) for x in p.pools],
             now=now, valid_until=now + 2 * self.config.interval,
         )
-        specs = {x.spec.pool_id: x.spec for x in snapshot.pools}
         try:
             await self.actuator.apply(p, specs, epoch=epoch, shadow=self.config.shadow,
                                       records=result.actions,

@@ -305,6 +305,9 @@ class Estimates:
     read_at: float | None = None
     """When the orchestrator's view was last read: a replica asked for since then and
     ready now started within that long."""
+    startup_remembered: bool = False
+    """``startup`` is the previous leadership's estimate, published with its plan, and
+    no start-up has been measured since (docs/architecture.md)."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -314,7 +317,7 @@ class Estimates:
                                              demand.completed, now, s)
             service_at = now
         startup, since, ready = self.startup, self.starting_since, self.ready
-        turned = self.turned_ready
+        turned, remembered = self.turned_ready, self.startup_remembered
         if infra is not None:
             now_ready = sum(1 for i in infra.instances if i.ready)
             starting = max(0, infra.target_replicas - now_ready)
@@ -330,6 +333,7 @@ class Estimates:
                 for sample in samples:
                     startup = sample if startup is None else (
                         startup + STARTUP_WEIGHT * (sample - startup))
+                    remembered = False
                 slots = slots[came:]
             if len(slots) < starting:
                 slots += [now] * (starting - len(slots))
@@ -341,7 +345,8 @@ class Estimates:
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
         out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
-                        self.recurred, weight, now if infra is not None else self.read_at)
+                        self.recurred, weight, now if infra is not None else self.read_at,
+                        remembered)
         peak = out.peak_rate(s)
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
@@ -434,7 +439,9 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     outstanding = q + x
     rate, service = demand.arrival_rate, est.service
     startup = est.startup_time(s)
-    known = "measured" if est.startup is not None else "default"
+    known = ("default" if est.startup is None else
+             "remembered from the previous leadership" if est.startup_remembered else
+             "measured")
     oldest = now - est.starting_since[0] if now is not None and est.starting_since else 0.0
     if oldest > startup:  # a replica still starting shows the start-up is at least that
         startup, known = oldest, f"{known} {est.startup_time(s):.3g}s, but a replica has " \

@@ -415,6 +415,20 @@ def _removal_pending(d: _Draft) -> bool:
     return any(w.removal_target is not None for w in d.p.workers or ())
 
 
+def remembered(history: Mapping[str, PoolHistory], startups: Mapping[str, float]
+               ) -> dict[str, PoolHistory]:
+    """``history`` with each pool it lacks started from a remembered replica start-up
+    time (the previous leadership's estimate, docs/architecture.md): a leader measures
+    the start-up only when a pool grows, and until then would size on the default. The
+    windows are not remembered: a new leader observes them itself before it acts."""
+    out = dict(history)
+    for pool_id, startup in startups.items():
+        if pool_id not in out and startup >= 0:
+            out[pool_id] = PoolHistory(estimates=Estimates(startup=startup,
+                                                           startup_remembered=True))
+    return out
+
+
 def plan(
     snapshot: Snapshot,
     history: Mapping[str, PoolHistory],

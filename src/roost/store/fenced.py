@@ -40,6 +40,11 @@ class DesiredRow:
     raw_desired: int | None
     reason: str
     frozen_reason: str | None
+    startup: float | None = None
+    """The leader's estimate of the pool's replica start-up time, seconds (None: none
+    yet): a new leader starts from it (docs/architecture.md)."""
+    startup_revision: str | None = None
+    """The pool's ``expected_revision`` when ``startup`` was published."""
 
 
 async def publish_desired(
@@ -51,17 +56,20 @@ async def publish_desired(
         await _check(conn, epoch)
         await conn.executemany(
             "INSERT INTO desired_capacity AS d (pool_id, desired, current, raw_desired, "
-            "reason, frozen_reason, valid_until, leader_epoch, published_at) "
-            "SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 "
+            "reason, frozen_reason, valid_until, leader_epoch, published_at, "
+            "startup_seconds, startup_revision) "
+            "SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 "
             "WHERE EXISTS (SELECT 1 FROM worker_pools WHERE id = $1) "
             "ON CONFLICT (pool_id) DO UPDATE SET desired = EXCLUDED.desired, "
             "current = EXCLUDED.current, raw_desired = EXCLUDED.raw_desired, "
             "reason = EXCLUDED.reason, frozen_reason = EXCLUDED.frozen_reason, "
             "valid_until = EXCLUDED.valid_until, leader_epoch = EXCLUDED.leader_epoch, "
-            "published_at = EXCLUDED.published_at",
+            "published_at = EXCLUDED.published_at, "
+            "startup_seconds = EXCLUDED.startup_seconds, "
+            "startup_revision = EXCLUDED.startup_revision",
             [
                 (r.pool_id, r.desired, r.current, r.raw_desired, r.reason, r.frozen_reason,
-                 to_ts(valid_until), epoch, to_ts(now))
+                 to_ts(valid_until), epoch, to_ts(now), r.startup, r.startup_revision)
                 for r in rows
             ],
         )

@@ -138,12 +138,17 @@ class Published:
     valid_until: float
     leader_epoch: int
     published_at: float
+    startup: float | None = None
+    """The leader's replica start-up estimate for the pool, seconds (None: none yet)."""
+    startup_revision: str | None = None
+    """The pool's ``expected_revision`` when that estimate was published."""
 
 
 async def read_published(conn: Any, *, timeout: float | None = None) -> list[Published]:
     rows = await conn.fetch(
         "SELECT pool_id, desired, current, raw_desired, reason, frozen_reason, valid_until, "
-        "leader_epoch, published_at FROM desired_capacity ORDER BY pool_id",
+        "leader_epoch, published_at, startup_seconds, startup_revision "
+        "FROM desired_capacity ORDER BY pool_id",
         timeout=timeout,
     )
     return [
@@ -157,6 +162,8 @@ async def read_published(conn: Any, *, timeout: float | None = None) -> list[Pub
             valid_until=float(r["valid_until"].timestamp()),
             leader_epoch=int(r["leader_epoch"]),
             published_at=float(r["published_at"].timestamp()),
+            startup=r["startup_seconds"],
+            startup_revision=r["startup_revision"],
         )
         for r in rows
     ]
