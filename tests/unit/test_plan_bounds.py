@@ -647,10 +647,10 @@ ONCE = (*[1.0] * 19, 12.0, 1.0)
 
 
 def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more() -> None:
-    # a start-up within the wait aimed at: no room for a jump (`jump_share`), only the
-    # headroom's
+    # a start-up within the wait aimed at, read continuously: no room for a jump
+    # (`jump_share`), only the headroom's
     s = replace(S, rate_window=30.0, headroom_sigmas=2.0, drain_horizon=5.0,
-                small_pool_replicas=5, startup_default=5.0)
+                small_pool_replicas=5, startup_default=5.0, interval=0.0)
     # the reads show bursts that recur: observe() records when, and their ceiling
     est = replace(_est(1.0), rates=_rates(*RECURRING)).observe(
         Demand(0, 1, 1.0), None, NOW + 1, s)
@@ -686,13 +686,20 @@ def test_a_small_pool_of_short_tasks_holds_bursts_that_recurred_one_window_more(
 
 
 def test_the_share_of_a_jump_served_already_keeps_its_wait_within_the_aim() -> None:
-    s = replace(S, drain_horizon=5.0)
-    # a jump to L finds (1 - 5 / T) x L served: (L - C) x T queue over a start-up T,
-    # cleared by the grown pool (at least L) in 5 s
-    assert jump_share(10.0, s) == 0.5
-    assert jump_share(90.0, s) == pytest.approx(1 - 5 / 90)
-    # start-ups within the wait aimed at need no room: new replicas serve in time
-    assert jump_share(5.0, s) == jump_share(2.0, s) == jump_share(0.0, s) == 0.0
+    s = replace(S, drain_horizon=5.0, interval=10.0)
+    # a jump to L finds (1 - 5 / (I + T)) x L served: (L - C) x (I + T) queue until the
+    # next read (up to the interval I) and a start-up T, cleared by the grown pool (at
+    # least L) in 5 s
+    assert jump_share(10.0, s) == 0.75
+    assert jump_share(90.0, s) == pytest.approx(1 - 5 / 100)
+    # the interval counts alone: a start-up within the wait aimed at still waits for
+    # the next read
+    assert jump_share(0.0, s) == 0.5
+    # read continuously, start-ups within the wait aimed at need no room: new replicas
+    # serve in time
+    now = replace(s, interval=0.0)
+    assert jump_share(10.0, now) == 0.5
+    assert jump_share(5.0, now) == jump_share(2.0, now) == jump_share(0.0, now) == 0.0
 
 
 def test_tasks_shorter_than_the_wait_aimed_at_keep_room_for_a_jump_back() -> None:
@@ -738,11 +745,15 @@ def test_the_room_for_a_jump_holds_a_pool_of_short_tasks_at_its_size() -> None:
     p = run(snap(inputs), {"p": replace(held(1), estimates=est)}, settings=s).pool("p")
     assert p.desired_replicas == 7 and "headroom: 19 tasks of room hold 7" in p.reason
     assert not [x for x in p.steps if isinstance(x, MarkDraining)]
-    # with 5 s start-ups a jump needs no room, and a burst that came once holds none
-    # of the headroom's: the pool scales down to its load
-    quick = run(snap(inputs), {"p": replace(held(1), estimates=replace(est, startup=5.0))},
-                settings=s).pool("p")
-    assert quick.desired_replicas == 1, quick.reason
+    # with 5 s start-ups a jump still waits for the next read, 10 s: 1 - 5 / 15 of its
+    # 20 tasks served already, 14 tasks, hold 5 replicas
+    fast = {"p": replace(held(1), estimates=replace(est, startup=5.0))}
+    quick = run(snap(inputs), fast, settings=s).pool("p")
+    assert quick.desired_replicas == 5 and "headroom keeps 5" in quick.reason, quick.reason
+    # read continuously, a jump needs no room, and a burst that came once holds none of
+    # the headroom's: the pool scales down to its load
+    now = run(snap(inputs), fast, settings=replace(s, interval=0.0)).pool("p")
+    assert now.desired_replicas == 1, now.reason
 
 
 def test_a_small_pool_of_short_tasks_grows_to_the_room_while_bursts_recur() -> None:

@@ -45,7 +45,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -372,7 +372,8 @@ class RoostPolicy:
                              worker_cpu_milli=500, worker_mem_mib=512, worker_db_pool_size=1,
                              scale_down_window=cfg.pool_down_window)
         self.node = NodeFigures("sim-node", 10_000_000, 100_000_000, 0, 0)
-        self.settings = cfg.settings
+        # the simulated controller reads at its own tick (`PlanSettings.interval`)
+        self.settings = replace(cfg.settings, interval=cfg.interval)
 
     def snapshot(self, pool: Pool, now: float) -> Snapshot:
         queued, running = pool.outstanding()

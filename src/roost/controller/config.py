@@ -110,6 +110,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             headroom_sigmas=self.headroom_sigmas,
             growth_period=self.growth_period,
             disruption_period=self.disruption_period,
+            interval=self.interval,
             memory_target_percent=self.memory_target_percent,
             memory_hard_percent=self.memory_hard_percent,
             cpu_target_percent=self.cpu_target_percent,

@@ -197,17 +197,20 @@ def in_service(running: int, steady: float, service: float, s: PlanSettings
 def jump_share(startup: float, s: PlanSettings) -> float:
     """The share of a jump's arrival rate a pool must already serve for the jump's
     tasks to wait no longer than ``drain_horizon`` (the wait aimed at) before the
-    replicas it asks for serve: ``max(0, 1 - drain_horizon / startup)``.
+    replicas it asks for serve: ``max(0, 1 - drain_horizon / (interval + startup))``.
 
-    A jump to ``L`` tasks/s finds the pool serving ``C``. No replica asked for then
-    serves before one start-up ``T``, so ``(L - C) x T`` tasks queue; the grown pool
-    serves at least ``L`` and clears them in at most ``(1 - C / L) x T``, which is the
-    wait aimed at when ``C = (1 - drain_horizon / T) x L``. A lower bound: the time to
-    the next read and the growth bound both lengthen the wait. 0 when a start-up is
-    within the wait aimed at."""
-    if startup <= s.drain_horizon:
+    A jump to ``L`` tasks/s finds the pool serving ``C``. The controller reads it at its
+    next tick, up to ``interval`` later, and no replica asked for then serves before one
+    start-up ``T`` more, so ``(L - C) x (interval + T)`` tasks queue; the grown pool
+    serves at least ``L`` and clears them in at most ``(1 - C / L) x (interval + T)``,
+    which is the wait aimed at when ``C = (1 - drain_horizon / (interval + T)) x L``.
+    A lower bound: the growth bound and the scale-up window (which holds a tick while
+    the backlog still looks clear within a start-up) lengthen the wait. 0 when the
+    interval and a start-up are within the wait aimed at."""
+    wait = s.interval + startup
+    if wait <= s.drain_horizon:
         return 0.0
-    return 1.0 - s.drain_horizon / startup
+    return 1.0 - s.drain_horizon / wait
 
 
 def trimmed_line(xs: list[float], sigmas: float) -> float:
@@ -550,7 +553,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         lines.append(
             f"room for a jump (tasks shorter than the {s.drain_horizon:g}s wait aimed "
             f"at): the busiest burst rate read over {lately:g}s, {top:.3g}/s, x "
-            f"max(0, 1 - {s.drain_horizon:g}s / start-up {startup:.3g}s) = {share:.3g} of it "
+            f"max(0, 1 - {s.drain_horizon:g}s / (the {s.interval:g}s to the next read + "
+            f"start-up {startup:.3g}s)) = {share:.3g} of it "
             f"served already keeps its wait within {s.drain_horizon:g}s until new "
             f"replicas serve: x service = {jump} tasks")
     if quick and recurs:

@@ -249,6 +249,11 @@ class PlanSettings:
     wait of a task that arrives as they start: the wait aimed at."""
     growth_period: float = 15.0
     disruption_period: float = 60.0
+    interval: float = 10.0
+    """Seconds between the controller's reads of demand and the orchestrator (its tick):
+    a jump in the arrivals shows only at the next read, so the room held for one counts
+    it (`roost.decide.demand.jump_share`). The controller sets it from its own
+    interval."""
     flap_window: float = 300.0
     """A pool that grows again within this long of a scale-down, while short of
     capacity (an overdue backlog that would wait longer than ``drain_horizon``), waits
@@ -273,7 +278,7 @@ class PlanSettings:
         """Raise ValueError on settings that would make the plan meaningless."""
         for name in ("scale_up_window", "scale_down_window", "drain_timeout",
                      "max_input_age", "heartbeat_timeout", "service_smoothing",
-                     "startup_default", "headroom_sigmas"):
+                     "startup_default", "headroom_sigmas", "interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("rate_window", "drain_horizon", "growth_period", "disruption_period",
