@@ -173,6 +173,12 @@ def test_a_replica_turning_ready_shows_the_start_up_was_seen() -> None:
     assert mixed.startup == pytest.approx(20.0 + 0.3 * (10.0 - 20.0))
     # without an earlier read of the orchestrator there is nothing to time them by
     assert Estimates(ready=1).observe(None, _infra(3, 3), NOW, S).startup is None
+    # a wall clock stepped back between the reads times a start-up as 0 s, never less:
+    # the estimate is published, and a negative one would be refused
+    back = e.observe(None, _infra(3, 1), NOW + 10, S).observe(None, _infra(3, 3), NOW - 50, S)
+    assert back.startup == 0.0
+    never_seen = e.observe(None, _infra(3, 3), NOW - 50, S)
+    assert never_seen.startup == 0.0
 
 
 def test_a_remembered_start_up_is_used_until_this_leader_measures_one() -> None:

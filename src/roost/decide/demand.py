@@ -328,11 +328,14 @@ class Estimates:
             if ready is not None and now_ready > ready:
                 turned = True
                 came = now_ready - ready
-                samples = [now - t for t in slots[:came]]  # the oldest slots turned ready
+                # the oldest slots turned ready; never a negative time, whatever the
+                # wall clock did between the reads (the estimate is published, and the
+                # store refuses a negative one)
+                samples = [max(0.0, now - t) for t in slots[:came]]
                 # the rest were asked for since the last read and are ready already:
                 # their start-up is at most the time between the reads
                 if self.read_at is not None:
-                    samples += [now - self.read_at] * (came - len(samples))
+                    samples += [max(0.0, now - self.read_at)] * (came - len(samples))
                 for sample in samples:
                     startup = sample if startup is None else (
                         startup + STARTUP_WEIGHT * (sample - startup))
