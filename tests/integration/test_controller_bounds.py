@@ -38,6 +38,15 @@ def scale_calls(rig: Rig) -> list[tuple[str, str, object]]:
     return [c for c in rig.fake.calls if c[0] != "pool_state"]
 
 
+def start_up(rig: Rig, born: dict[str, float], now: float, seconds: float) -> None:
+    """Each replica of pool "p" turns ready ``seconds`` after ``now`` first saw it
+    (``born`` keeps when)."""
+    for ref in rig.fake.instances("p"):
+        born.setdefault(ref, now)
+        if now - born[ref] >= seconds:
+            rig.fake.set_ready("p", ref)
+
+
 async def test_a_burst_grows_the_pool_no_faster_than_the_bound(rig: Rig) -> None:
     """500 tasks land at once on 2 replicas that take 30 s to start: the old rule asked
     for 500 replicas at once; the bound allows max(4, 100 %) more per 15 s, a rate
@@ -52,11 +61,7 @@ async def test_a_burst_grows_the_pool_no_faster_than_the_bound(rig: Rig) -> None
     seen: list[tuple[float, int]] = []  # (time, replicas asked for) after each tick
     born: dict[str, float] = {}
     for _ in range(8):
-        now = rig.clock.time() + 10
-        for ref in rig.fake.instances("p"):  # each replica is ready 30 s after it was asked
-            born.setdefault(ref, now)
-            if now - born[ref] >= 30:
-                rig.fake.set_ready("p", ref)
+        start_up(rig, born, rig.clock.time() + 10, 30)  # ready 30 s after it was asked
         res = await rig.tick(c)
         assert res.error is None
         seen.append((rig.clock.time(), len(rig.fake.instances("p"))))
@@ -193,11 +198,7 @@ async def test_a_new_leader_starts_from_the_start_up_the_last_one_measured(rig: 
     await enqueue(rig.db, "p", 200)
     born: dict[str, float] = {}
     for _ in range(12):
-        now = rig.clock.time() + 10
-        for ref in rig.fake.instances("p"):  # ready 40 s after it was first seen
-            born.setdefault(ref, now)
-            if now - born[ref] >= 40:
-                rig.fake.set_ready("p", ref)
+        start_up(rig, born, rig.clock.time() + 10, 40)  # ready 40 s after first seen
         assert (await rig.tick(a)).error is None
         assert a.last_plan is not None
         if a.last_plan.pool("p").history.estimates.startup is not None:

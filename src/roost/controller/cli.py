@@ -272,19 +272,15 @@ def _show(specs: list[PoolSpec], as_json: bool) -> None:
     if console.measure(table, options=console.options.update_width(10**6)).maximum \
             <= console.width:
         console.print(table)
-        if rows:
-            click.echo(periods)
-        return
-    # Thirteen columns do not fit a narrow terminal: rich would cut every value to a
-    # letter or two. One block per pool, a field a line, shows them whole.
-    width = max(len(h) for h in heads)
-    for i, row in enumerate(rows):
-        if i:
+    else:
+        # Thirteen columns do not fit a narrow terminal: rich would cut every value to a
+        # letter or two. One block per pool, a field a line, shows them whole.
+        width = max(len(h) for h in heads)
+        for row in rows:
+            for head, value in zip(heads, row, strict=True):
+                click.echo(f"{head:<{width}}  {value}".rstrip())
             click.echo()
-        for head, value in zip(heads, row, strict=True):
-            click.echo(f"{head:<{width}}  {value}".rstrip())
     if rows:
-        click.echo()
         click.echo(periods)
 
 

@@ -82,9 +82,9 @@ class Controller:
         self._epoch_seen: int | None = None
         self._rates_read_at: float | None = None
         """When the leader last read the arrival rates (monotonic)."""
-        self._remembered: dict[str, runtime.Published] = {}
-        """The previous leadership's published rows with a start-up estimate, read when
-        this leadership began and used on its first tick."""
+        self._remembered: dict[str, tuple[float, str | None]] = {}
+        """The previous leadership's start-up estimate per pool, with the release it was
+        published for: read when this leadership began and used on its first tick."""
         self.wake = asyncio.Event()
         """Set to end the wait between ticks early: stop, this controller has just become
         leader, or tasks for an idle pool."""
@@ -209,9 +209,10 @@ class Controller:
             self.published = await runtime.read_published(conn, timeout=timeout)
             self.queue = await runtime.read_demand(conn, timeout=timeout)
 
-    async def _read_remembered(self) -> dict[str, runtime.Published]:
-        """The published rows that carry a start-up estimate. A failed read costs only
-        the memory: the start-ups are measured afresh, as they would be without it."""
+    async def _read_remembered(self) -> dict[str, tuple[float, str | None]]:
+        """The published start-up estimates, each with its release. A failed read costs
+        only the memory: the start-ups are measured afresh, as they would be without
+        it."""
         try:
             async with self.db.acquire() as conn:
                 rows = await runtime.read_published(conn, timeout=self.config.io_timeout)
@@ -219,7 +220,8 @@ class Controller:
             log.warning("could not read the previous leadership's start-up times (%s): "
                         "measuring them afresh", e)
             return {}
-        return {r.pool_id: r for r in rows if r.startup is not None}
+        return {r.pool_id: (r.startup, r.startup_revision) for r in rows
+                if r.startup is not None}
 
     async def _lead(self, result: TickResult) -> None:
         epoch = self.leadership.epoch
@@ -245,11 +247,10 @@ class Controller:
         now = self.clock.time()
         if self._remembered:
             self.history = remembered(self.history, {
-                x.spec.pool_id: r.startup for x in snapshot.pools
-                if (r := self._remembered.get(x.spec.pool_id)) is not None
-                and r.startup is not None
+                x.spec.pool_id: got[0] for x in snapshot.pools
+                if (got := self._remembered.get(x.spec.pool_id)) is not None
                 # a new release may start differently: measured again
-                and r.startup_revision == x.spec.expected_revision})
+                and got[1] == x.spec.expected_revision})
             self._remembered = {}
         p = plan(snapshot, self.history, now=now, settings=self.settings)
         self.history = p.history
