@@ -198,6 +198,41 @@ def test_the_suite_runs_service_times_outside_its_matrix(tmp_path: Path) -> None
         assert refused.exit_code == 2 and "--services" in refused.output, (bad, refused.output)
 
 
+def test_the_suite_runs_another_spread_of_service_times(tmp_path: Path) -> None:
+    """``--service-sigma``: the same curves, means and arrivals with the service times
+    spread otherwise; recorded per row and in the settings, every point held out with
+    --held-out, and an earlier run at another spread never reused as a baseline."""
+    args = ["--suite", "--data-dir", str(tmp_path / "none"), "--only", "step-up-10x",
+            "--peaks", "10"]
+    usual = _suite(tmp_path / "usual", args)
+    assert usual["settings"]["service_sigma"] == 0.6
+    assert {r["service_sigma"] for r in usual["rows"]} == {0.6}
+    fixed = _suite(tmp_path / "fixed", [
+        *args, "--service-sigma", "0", "--held-out",
+        "--baselines", str(tmp_path / "usual" / "suite.json")])
+    assert fixed["settings"]["service_sigma"] == 0.0
+    assert {(r["service_sigma"], r["kind"]) for r in fixed["rows"]} == {(0.0, "held-out")}
+    assert [r["reused"] for r in fixed["rows"]] == [[]] * 4 and "baselines" not in fixed
+    # the same arrivals: only how long each task runs differs
+    assert [r["tasks"] for r in fixed["rows"]] == [r["tasks"] for r in usual["rows"]]
+    assert [r["results"] for r in fixed["rows"]] != [r["results"] for r in usual["rows"]]
+    text = (tmp_path / "fixed" / "suite.md").read_text()
+    assert "lognormal sigma of 0 instead of the suite's 0.6" in text
+    assert "Every point of this run is held out" in text
+    # a run at the same spread is reused
+    again = _suite(tmp_path / "again", [
+        *args, "--service-sigma", "0", "--baselines", str(tmp_path / "fixed" / "suite.json")])
+    assert [r["reused"] for r in again["rows"]] == [["hpa", "keda"]] * 4
+    traced = CliRunner().invoke(autoscale, [
+        "--data-dir", str(tmp_path / "none"), "--trace", "step-up-10x:10:10:0.2",
+        "--trace-between", "0:0", "--service-sigma", "1.5"])
+    assert traced.exit_code == 0 and "service 0.2s (sigma 1.5), seed 42" in traced.output
+    for bad in ("-0.1", "nan", "4.5", "wide"):
+        refused = CliRunner().invoke(autoscale, [*args, "--service-sigma", bad,
+                                                 "--out", str(tmp_path / "bad")])
+        assert refused.exit_code == 2 and "--service-sigma" in refused.output, refused.output
+
+
 def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> None:
     """``--trace``: one point under roost alone, a line per tick within the window with
     the decision and its reason, the demand model's steps under it, then the figures."""

@@ -82,6 +82,11 @@ POOL = "bench"
 EPOCH = 1_700_000_000.0
 """Simulated time 0 as an epoch time: the plan sees ordinary timestamps."""
 QUICK_MINUTES = 20
+SERVICE_SIGMA = 0.6
+"""The service times' lognormal sigma by default, in the suite too (`roost.bench.suite`)."""
+MAX_SERVICE_SIGMA = 4.0
+"""Past it a lognormal's mean rests on a handful of tasks a run draws (at sigma 4 the
+mean is e^8, about 3,000 times the median): the run would not show the mean asked for."""
 HPA_SYNC = 15.0
 HPA_TOLERANCE = 0.1
 HPA_DOWN_WINDOW = 300.0
@@ -658,6 +663,14 @@ def _floats(text: str, option: str) -> set[float]:
     return out
 
 
+def _spread(sigma: float) -> float:
+    """``--service-sigma``: from 0 (every task the mean) to `MAX_SERVICE_SIGMA`."""
+    if not 0.0 <= sigma <= MAX_SERVICE_SIGMA:  # NaN fails too
+        raise click.BadParameter(f"{sigma:g} is not within 0 and {MAX_SERVICE_SIGMA:g}",
+                                 param_hint="--service-sigma")
+    return sigma
+
+
 def _between(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split(":"))
@@ -686,8 +699,11 @@ def _between(text: str) -> tuple[float, float]:
               help="First minute of the window (default: the busiest window).")
 @click.option("--service-mean", type=float, default=2.0, show_default=True,
               help="Mean task service time, seconds (lognormal).")
-@click.option("--service-sigma", type=float, default=0.6, show_default=True,
-              help="Lognormal sigma of the service time (0: fixed).")
+@click.option("--service-sigma", type=float, default=SERVICE_SIGMA, show_default=True,
+              callback=lambda _ctx, _param, x: _spread(x),
+              help="Lognormal sigma of the service time (0: fixed; at most "
+              f"{MAX_SERVICE_SIGMA:g}). Also with --suite and --trace: another spread than "
+              "the suite's own, at the same means (with --held-out, every point held out).")
 @click.option("--slots", type=int, default=4, show_default=True,
               help="Tasks one worker runs at once.")
 @click.option("--target", "target_per_replica", type=click.IntRange(min=1), default=3,
@@ -789,7 +805,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
 
         trace_point(data_dir or default_data_dir(), seed=seed, point=trace,
                     between=None if trace_between is None else _between(trace_between),
-                    phase=phase, pool_down_window=pool_down_window)
+                    phase=phase, pool_down_window=pool_down_window,
+                    service_sigma=service_sigma)
         return
     if suite:
         from roost.bench.suite_cli import run_suite
@@ -799,7 +816,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                   peaks=None if peaks is None else _floats(peaks, "--peaks"),
                   services=None if services is None else _floats(services, "--services"),
                   baselines=baselines, held_out=held_out, phase_count=phase_count,
-                  unseen=unseen, pool_down_window=pool_down_window)
+                  unseen=unseen, pool_down_window=pool_down_window,
+                  service_sigma=service_sigma)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from roost.bench.autoscale import (
+    SERVICE_SIGMA,
     SimConfig,
     Workload,
     busiest_window,
@@ -62,7 +63,6 @@ HELD_OUT = "held-out"
 PEAKS = (10.0, 100.0)
 STARTUPS = (10.0, 90.0)
 SERVICES = (0.2, 30.0)
-SERVICE_SIGMA = 0.6
 SLO_SECONDS = 5.0
 AZURE_FILE = Path("azure-llm-2023") / "AzureLLMInferenceTrace_code.csv"
 WORLDCUP_FILE = Path("worldcup98") / "invocation_count.csv"
@@ -73,10 +73,18 @@ class Point:
     peak: float
     startup: float
     service: float
+    sigma: float = SERVICE_SIGMA
+    """The service times' lognormal sigma: their spread about the mean."""
 
     @property
     def label(self) -> str:
-        return f"peak {self.peak:g}/s, start-up {self.startup:g}s, service {self.service:g}s"
+        spread = "" if self.sigma == SERVICE_SIGMA else f" (sigma {self.sigma:g})"
+        return (f"peak {self.peak:g}/s, start-up {self.startup:g}s, "
+                f"service {self.service:g}s{spread}")
+
+    @property
+    def key(self) -> tuple[float, float, float, float]:
+        return (self.peak, self.startup, self.service, self.sigma)
 
 
 # ------------------------------------------------------------------ synthetic shapes
@@ -225,7 +233,7 @@ def _synthetic(name: str) -> Callable[[Point, int], Workload]:
         rng = np.random.default_rng(seed)
         shape = (SHAPES.get(name) or UNSEEN_SHAPES[name])(rng)
         return make_workload(list(shape * pt.peak), service_mean=pt.service,
-                             service_sigma=SERVICE_SIGMA, seed=seed, resolution=1.0)
+                             service_sigma=pt.sigma, seed=seed, resolution=1.0)
     return make
 
 
@@ -236,7 +244,7 @@ def _worldcup(path: Path) -> Callable[[Point, int], Workload]:
 
     def make(pt: Point, seed: int) -> Workload:
         return make_workload(rates_per_second(window, pt.peak), service_mean=pt.service,
-                             service_sigma=SERVICE_SIGMA, seed=seed)
+                             service_sigma=pt.sigma, seed=seed)
     return make
 
 
@@ -264,7 +272,7 @@ def _azure(path: Path) -> Callable[[Point, int], Workload]:
         arrivals = np.sort(base + jitter)
         minutes = np.bincount((arrivals // 60).astype(np.int64)) / 60.0
         return with_service(arrivals, [float(x) for x in minutes], service_mean=pt.service,
-                            service_sigma=SERVICE_SIGMA, rng=rng)
+                            service_sigma=pt.sigma, rng=rng)
     return make
 
 
@@ -302,13 +310,17 @@ def curves(data_dir: Path, *, full: bool) -> tuple[list[Curve], list[str]]:
 BASELINES = ("hpa", "keda")
 
 
-def baseline_key(row: dict[str, Any]) -> tuple[str, float, float, float]:
+BaselineKey = tuple[str, float, float, float, float]
+
+
+def baseline_key(row: dict[str, Any]) -> BaselineKey:
+    """A row's curve and point; rows written before the spread was an option have the
+    suite's own."""
     return (row["curve"], float(row["peak"]), float(row["startup"]),
-            float(row["service_mean"]))
+            float(row["service_mean"]), float(row.get("service_sigma", SERVICE_SIGMA)))
 
 
-def read_baselines(path: Path, seed: int) -> dict[tuple[str, float, float, float],
-                                                dict[str, Any]]:
+def read_baselines(path: Path, seed: int) -> dict[BaselineKey, dict[str, Any]]:
     """HPA's and KEDA's figures per point from an earlier ``suite.json`` of the same
     seed. Their code does not read roost's settings, and the workloads are drawn from
     the seed, so re-simulating them gives the same figures; `run_point` still checks
@@ -363,7 +375,7 @@ def run_point(curve: Curve, pt: Point, base: SimConfig, *,
     row = {
         "curve": curve.name, "kind": curve.kind, "resolution": curve.resolution,
         "peak": pt.peak, "startup": pt.startup, "service_mean": pt.service,
-        "tasks": len(work.arrivals),
+        "service_sigma": pt.sigma, "tasks": len(work.arrivals),
         "demand_per_minute": [round(r, 3) for r in work.rates],
         "roost_over_hpa": None if ratio is None else round(ratio, 4),
         "results": list(results.values()),
@@ -461,8 +473,9 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
 
 def label_held_out(todo: Sequence[Curve], *, services: bool) -> list[Curve]:
     """``todo`` as a run of data never looked at while choosing: the synthetic shapes
-    (their seed is new), and with other service times every curve (the traces' demand is
-    the same at any seed, their points at those service times are not)."""
+    (their seed is new), and with other service times (means or spread) every curve (the
+    traces' demand is the same at any seed, their points at those service times are
+    not)."""
     return [replace(c, kind=HELD_OUT) if services or c.name in SHAPES else c for c in todo]
 
 
@@ -512,12 +525,17 @@ def _kinds(settings: dict[str, Any]) -> str:
                 "every curve at seed 42 (the synthetic shapes, WorldCup98, the Azure LLM "
                 "code hour); a run at a seed or service times never looked at while "
                 "choosing says so with --held-out.")
-    if settings.get("services"):
-        return ("Every point of this run is held out (--held-out with --services): service "
-                "times the defaults were not chosen on.")
+    if settings.get("services") or _spread(settings) != SERVICE_SIGMA:
+        return ("Every point of this run is held out (--held-out with --services or "
+                "--service-sigma): service times the defaults were not chosen on.")
     return ("The synthetic shapes of this run are held out (--held-out): drawn at a seed "
             "never looked at while choosing; WorldCup98 and the Azure LLM code hour, whose "
             "demand is the same at any seed, stay tuning.")
+
+
+def _spread(settings: dict[str, Any]) -> float:
+    """A run's service-time sigma (runs written before it was an option: the suite's)."""
+    return float(settings.get("service_sigma", SERVICE_SIGMA))
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -535,6 +553,11 @@ def markdown(doc: dict[str, Any]) -> str:
     if services:
         text += [f"Service times {', '.join(f'{x:g} s' for x in services)} instead of the "
                  "suite's: points outside the matrix the rules were chosen on.", ""]
+    sigma = _spread(doc["settings"])
+    if sigma != SERVICE_SIGMA:
+        text += [f"Service times spread with a lognormal sigma of {sigma:g} instead of the "
+                 f"suite's {SERVICE_SIGMA:g} (`--service-sigma`): the same means, "
+                 "points outside the matrix the rules were chosen on.", ""]
     own = doc["settings"]["pool"].get("scale_down_window")
     if own is not None:
         text += [f"roost's pool has its own scale-down window of {own} s "

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roost.bench.autoscale import (
+    SERVICE_SIGMA,
     RoostPolicy,
     SimConfig,
     make_policy,
@@ -50,7 +51,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               services: set[float] | None = None,
               baselines: Path | None = None, held_out: bool = False,
               phase_count: int = 1, unseen: bool = False,
-              pool_down_window: int | None = None) -> dict[str, Any]:
+              pool_down_window: int | None = None,
+              service_sigma: float = SERVICE_SIGMA) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
@@ -72,8 +74,11 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         todo = [replace(c, points=tuple(dict.fromkeys(
             Point(p.peak, p.startup, s) for p in c.points for s in sorted(services))))
             for c in todo]
+    if service_sigma != SERVICE_SIGMA:  # the same means, spread otherwise
+        todo = [replace(c, points=tuple(replace(p, sigma=service_sigma) for p in c.points))
+                for c in todo]
     if held_out:
-        todo = label_held_out(todo, services=bool(services))
+        todo = label_held_out(todo, services=bool(services) or service_sigma != SERVICE_SIGMA)
     for note in missing:
         console.print(f"[yellow]{note}[/]")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
@@ -87,7 +92,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
         for pt in c.points:
             t = time.monotonic()
             row = run_point(c, pt, base, at=at,
-                            baseline=kept.get((c.name, pt.peak, pt.startup, pt.service)))
+                            baseline=kept.get((c.name, *pt.key)))
             mine.append(row)
             rows.append(row)
             console.print(f"[{len(rows)}/{total}] {c.name} ({c.kind}), {pt.label}: roost/hpa "
@@ -106,6 +111,7 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             "slots": base.slots, "roost_interval": base.interval, "seed": seed,
             "full": full, "peaks": sorted(peaks) if peaks else None,
             "services": sorted(services) if services else None,
+            "service_sigma": service_sigma,
             "held_out": held_out, "unseen_shapes": unseen, "phases": list(at),
         },
         "machine": machine(),
@@ -153,12 +159,14 @@ def parse_point(text: str) -> tuple[str, Point]:
 
 def trace_point(data_dir: Path, *, seed: int, point: str,
                 between: tuple[float, float] | None = None,
-                phase: float = 0.0, pool_down_window: int | None = None) -> dict[str, Any]:
+                phase: float = 0.0, pool_down_window: int | None = None,
+                service_sigma: float = SERVICE_SIGMA) -> dict[str, Any]:
     """Replay one point of the suite under roost and print the plan at every tick (what
     `/status` shows a live controller's operator: demand, the decision and its reason,
     the demand model's steps), from ``between[0]`` to ``between[1]`` seconds; then the
     minutes that missed the SLO, roost's and HPA's (simulated at the same ``phase``)."""
     name, pt = parse_point(point)
+    pt = replace(pt, sigma=service_sigma)
     todo, missing = curves(data_dir, full=True)
     todo += unseen_curves()
     found = [c for c in todo if c.name == name]
