@@ -531,7 +531,7 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     if peak is not None:
         lines.append(
             f"headroom: burst rates (most arrivals within one service time, read at "
-            f"{service_grain(service, s):g}s) over {s.headroom_window:g}s: mean "
+            f"{service_grain(service, s):.3g}s) over {s.headroom_window:g}s: mean "
             f"{peak.mean:.3g}/s, sd "
             f"{peak.sd:.3g}/s, highest {peak.highest:.3g}/s"
             + ("" if peak.ceiling is None or peak.ceiling >= peak.highest else
