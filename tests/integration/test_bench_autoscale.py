@@ -233,6 +233,37 @@ def test_the_suite_runs_another_spread_of_service_times(tmp_path: Path) -> None:
         assert refused.exit_code == 2 and "--service-sigma" in refused.output, refused.output
 
 
+def test_the_suite_runs_other_workers(tmp_path: Path) -> None:
+    """``--slots --target``: every policy's workers run that many tasks at once, sized
+    at that many outstanding per replica; said in the settings and the Markdown, every
+    point held out with --held-out, and a baseline run with other workers refused."""
+    base = ["--suite", "--data-dir", str(tmp_path / "none"), "--only", "step-up-10x",
+            "--peaks", "10"]
+    args = [*base, "--slots", "1", "--target", "1", "--held-out"]
+    doc = _suite(tmp_path / "one", args)
+    assert doc["settings"]["slots"] == 1 and doc["settings"]["pool"]["target_per_replica"] == 1
+    assert {r["kind"] for r in doc["rows"]} == {"held-out"}
+    text = (tmp_path / "one" / "suite.md").read_text()
+    assert "Workers run 1 task at once, sized at 1 outstanding per replica" in text
+    assert "Every point of this run is held out (--held-out with --slots" in text
+    # one task a replica: at peak 10 with 30 s tasks, about 300 replicas at the top,
+    # where the suite's workers (4 slots, 3 per replica) need about 100
+    top = max(r["results"][0]["peak_replicas"] for r in doc["rows"])
+    assert top >= 250, top
+    again = _suite(tmp_path / "again", [*args, "--baselines",
+                                        str(tmp_path / "one" / "suite.json")])
+    assert [r["reused"] for r in again["rows"]] == [["hpa", "keda"]] * 4
+    other = CliRunner().invoke(autoscale, [
+        *base, "--out", str(tmp_path / "other"),
+        "--baselines", str(tmp_path / "one" / "suite.json")])
+    assert other.exit_code == 1 and "was run with 1 slot a worker and a target of 1 per " \
+        "replica, not 4 and 3" in other.output, other.output
+    for bad in (["--slots", "0"], ["--target", "0"], ["--slots", "two"]):
+        refused = CliRunner().invoke(autoscale, [*base, *bad,
+                                                 "--out", str(tmp_path / "bad")])
+        assert refused.exit_code == 2 and bad[0] in refused.output, refused.output
+
+
 def test_trace_prints_the_plan_at_every_tick_of_one_point(tmp_path: Path) -> None:
     """``--trace``: one point under roost alone, a line per tick within the window with
     the decision and its reason, the demand model's steps under it, then the figures."""

@@ -82,6 +82,10 @@ POOL = "bench"
 EPOCH = 1_700_000_000.0
 """Simulated time 0 as an epoch time: the plan sees ordinary timestamps."""
 QUICK_MINUTES = 20
+SLOTS = 4
+"""Tasks one worker runs at once by default, in the suite too."""
+TARGET_PER_REPLICA = 3
+"""Outstanding tasks per replica by default (every policy's), in the suite too."""
 SERVICE_SIGMA = 0.6
 """The service times' lognormal sigma by default, in the suite too (`roost.bench.suite`)."""
 MAX_SERVICE_SIGMA = 4.0
@@ -192,8 +196,8 @@ class Worker:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    slots: int = 4
-    target_per_replica: int = 3
+    slots: int = SLOTS
+    target_per_replica: int = TARGET_PER_REPLICA
     startup: float = 30.0
     interval: float = 10.0
     """roost's controller tick."""
@@ -704,11 +708,15 @@ def _between(text: str) -> tuple[float, float]:
               help="Lognormal sigma of the service time (0: fixed; at most "
               f"{MAX_SERVICE_SIGMA:g}). Also with --suite and --trace: another spread than "
               "the suite's own, at the same means (with --held-out, every point held out).")
-@click.option("--slots", type=int, default=4, show_default=True,
-              help="Tasks one worker runs at once.")
-@click.option("--target", "target_per_replica", type=click.IntRange(min=1), default=3,
+@click.option("--slots", type=click.IntRange(min=1), default=SLOTS,
               show_default=True,
-              help="Outstanding tasks per replica, the same for every policy.")
+              help="Tasks one worker runs at once. Also with --suite and --trace: "
+              "workers the suite's defaults were not chosen on (with --held-out, every "
+              "point held out).")
+@click.option("--target", "target_per_replica", type=click.IntRange(min=1),
+              default=TARGET_PER_REPLICA, show_default=True,
+              help="Outstanding tasks per replica, the same for every policy. Also with "
+              "--suite and --trace, as --slots.")
 @click.option("--startup", type=float, default=30.0, show_default=True,
               help="Seconds from asking for a replica until it takes tasks.")
 @click.option("--interval", type=float, default=10.0, show_default=True,
@@ -806,7 +814,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
         trace_point(data_dir or default_data_dir(), seed=seed, point=trace,
                     between=None if trace_between is None else _between(trace_between),
                     phase=phase, pool_down_window=pool_down_window,
-                    service_sigma=service_sigma)
+                    service_sigma=service_sigma, slots=slots, target=target_per_replica)
         return
     if suite:
         from roost.bench.suite_cli import run_suite
@@ -817,7 +825,7 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                   services=None if services is None else _floats(services, "--services"),
                   baselines=baselines, held_out=held_out, phase_count=phase_count,
                   unseen=unseen, pool_down_window=pool_down_window,
-                  service_sigma=service_sigma)
+                  service_sigma=service_sigma, slots=slots, target=target_per_replica)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE

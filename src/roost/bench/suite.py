@@ -46,6 +46,8 @@ import numpy.typing as npt
 
 from roost.bench.autoscale import (
     SERVICE_SIGMA,
+    SLOTS,
+    TARGET_PER_REPLICA,
     SimConfig,
     Workload,
     busiest_window,
@@ -320,7 +322,9 @@ def baseline_key(row: dict[str, Any]) -> BaselineKey:
             float(row["service_mean"]), float(row.get("service_sigma", SERVICE_SIGMA)))
 
 
-def read_baselines(path: Path, seed: int) -> dict[BaselineKey, dict[str, Any]]:
+def read_baselines(path: Path, seed: int, *, slots: int = SLOTS,
+                   target: int = TARGET_PER_REPLICA
+                   ) -> dict[BaselineKey, dict[str, Any]]:
     """HPA's and KEDA's figures per point from an earlier ``suite.json`` of the same
     seed. Their code does not read roost's settings, and the workloads are drawn from
     the seed, so re-simulating them gives the same figures; `run_point` still checks
@@ -330,6 +334,11 @@ def read_baselines(path: Path, seed: int) -> dict[BaselineKey, dict[str, Any]]:
     doc = json.loads(path.read_text())
     if doc["settings"]["seed"] != seed:
         raise ValueError(f"{path} was run with seed {doc['settings']['seed']}, not {seed}")
+    ran = (doc["settings"]["slots"], doc["settings"]["pool"]["target_per_replica"])
+    if ran != (slots, target):
+        raise ValueError(f"{path} was run with {ran[0]} slot{'s' if ran[0] != 1 else ''} "
+                         f"a worker and a target of {ran[1]} per replica, not {slots} and "
+                         f"{target}")
     return {baseline_key(r): r for r in doc["rows"]}
 
 
@@ -528,9 +537,17 @@ def _kinds(settings: dict[str, Any]) -> str:
     if settings.get("services") or _spread(settings) != SERVICE_SIGMA:
         return ("Every point of this run is held out (--held-out with --services or "
                 "--service-sigma): service times the defaults were not chosen on.")
+    if _workers(settings) != (SLOTS, TARGET_PER_REPLICA):
+        return ("Every point of this run is held out (--held-out with --slots or "
+                "--target): workers the defaults were not chosen on.")
     return ("The synthetic shapes of this run are held out (--held-out): drawn at a seed "
             "never looked at while choosing; WorldCup98 and the Azure LLM code hour, whose "
             "demand is the same at any seed, stay tuning.")
+
+
+def _workers(settings: dict[str, Any]) -> tuple[int, int]:
+    """A run's slots per worker and target per replica."""
+    return int(settings["slots"]), int(settings["pool"]["target_per_replica"])
 
 
 def _spread(settings: dict[str, Any]) -> float:
@@ -558,6 +575,12 @@ def markdown(doc: dict[str, Any]) -> str:
         text += [f"Service times spread with a lognormal sigma of {sigma:g} instead of the "
                  f"suite's {SERVICE_SIGMA:g} (`--service-sigma`): the same means, "
                  "points outside the matrix the rules were chosen on.", ""]
+    slots, target = _workers(doc["settings"])
+    if (slots, target) != (SLOTS, TARGET_PER_REPLICA):
+        text += [f"Workers run {slots} task{'s' if slots != 1 else ''} at once, sized at "
+                 f"{target} outstanding per replica, instead of the suite's "
+                 f"{SLOTS} and {TARGET_PER_REPLICA} (`--slots`, "
+                 "`--target`): points outside the matrix the rules were chosen on.", ""]
     own = doc["settings"]["pool"].get("scale_down_window")
     if own is not None:
         text += [f"roost's pool has its own scale-down window of {own} s "

@@ -14,6 +14,8 @@ from rich.table import Table
 
 from roost.bench.autoscale import (
     SERVICE_SIGMA,
+    SLOTS,
+    TARGET_PER_REPLICA,
     RoostPolicy,
     SimConfig,
     make_policy,
@@ -52,12 +54,13 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               baselines: Path | None = None, held_out: bool = False,
               phase_count: int = 1, unseen: bool = False,
               pool_down_window: int | None = None,
-              service_sigma: float = SERVICE_SIGMA) -> dict[str, Any]:
+              service_sigma: float = SERVICE_SIGMA, slots: int = SLOTS,
+              target: int = TARGET_PER_REPLICA) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
         try:
-            kept = read_baselines(baselines, seed)
+            kept = read_baselines(baselines, seed, slots=slots, target=target)
         except (OSError, ValueError, KeyError) as exc:
             raise click.ClickException(f"--baselines {baselines}: {exc}") from None
     todo, missing = ((unseen_curves(), []) if unseen else curves(data_dir, full=full))
@@ -77,12 +80,15 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
     if service_sigma != SERVICE_SIGMA:  # the same means, spread otherwise
         todo = [replace(c, points=tuple(replace(p, sigma=service_sigma) for p in c.points))
                 for c in todo]
+    workers = (slots, target) != (SLOTS, TARGET_PER_REPLICA)
     if held_out:
-        todo = label_held_out(todo, services=bool(services) or service_sigma != SERVICE_SIGMA)
+        todo = label_held_out(todo, services=bool(services) or service_sigma != SERVICE_SIGMA
+                              or workers)
     for note in missing:
         console.print(f"[yellow]{note}[/]")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
-                     pool_down_window=pool_down_window)
+                     pool_down_window=pool_down_window, slots=slots,
+                     target_per_replica=target)
     at = phases(phase_count)
     rows = []
     total = sum(len(c.points) for c in todo)
@@ -160,7 +166,8 @@ def parse_point(text: str) -> tuple[str, Point]:
 def trace_point(data_dir: Path, *, seed: int, point: str,
                 between: tuple[float, float] | None = None,
                 phase: float = 0.0, pool_down_window: int | None = None,
-                service_sigma: float = SERVICE_SIGMA) -> dict[str, Any]:
+                service_sigma: float = SERVICE_SIGMA, slots: int = SLOTS,
+                target: int = TARGET_PER_REPLICA) -> dict[str, Any]:
     """Replay one point of the suite under roost and print the plan at every tick (what
     `/status` shows a live controller's operator: demand, the decision and its reason,
     the demand model's steps), from ``between[0]`` to ``between[1]`` seconds; then the
@@ -175,7 +182,8 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
         raise click.ClickException(
             f"no such curve: {name} (one of {', '.join(c.name for c in todo)}){hint}")
     base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
-                     pool_down_window=pool_down_window)
+                     pool_down_window=pool_down_window, slots=slots,
+                     target_per_replica=target)
     work = found[0].make(pt, seed)
     cfg = replace(base, startup=pt.startup, phase=phase)
     lo, hi = between if between is not None else (0.0, float("inf"))
