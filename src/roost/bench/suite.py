@@ -334,7 +334,7 @@ def read_baselines(path: Path, seed: int, *, slots: int = SLOTS,
     doc = json.loads(path.read_text())
     if doc["settings"]["seed"] != seed:
         raise ValueError(f"{path} was run with seed {doc['settings']['seed']}, not {seed}")
-    ran = (doc["settings"]["slots"], doc["settings"]["pool"]["target_per_replica"])
+    ran = _workers(doc["settings"])
     if ran != (slots, target):
         raise ValueError(f"{path} was run with {ran[0]} slot{'s' if ran[0] != 1 else ''} "
                          f"a worker and a target of {ran[1]} per replica, not {slots} and "
@@ -546,8 +546,10 @@ def _kinds(settings: dict[str, Any]) -> str:
 
 
 def _workers(settings: dict[str, Any]) -> tuple[int, int]:
-    """A run's slots per worker and target per replica."""
-    return int(settings["slots"]), int(settings["pool"]["target_per_replica"])
+    """A run's slots per worker and target per replica (a run that does not say: the
+    suite's)."""
+    return (int(settings.get("slots", SLOTS)),
+            int((settings.get("pool") or {}).get("target_per_replica", TARGET_PER_REPLICA)))
 
 
 def _spread(settings: dict[str, Any]) -> float:
