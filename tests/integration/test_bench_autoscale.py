@@ -318,9 +318,9 @@ def test_held_out_labels_the_seeded_shapes_and_with_other_services_every_curve()
     synthetic shapes; service times never chosen on hold out every curve."""
     [shape, *_] = [c for c in curves(Path("/nonexistent"), full=False)[0]]
     azure = replace(shape, name="azure-llm-code-hour")
-    assert [c.kind for c in label_held_out([shape, azure], services=False)] == [
+    assert [c.kind for c in label_held_out([shape, azure], every_point=False)] == [
         "held-out", "tuning"]
-    assert [c.kind for c in label_held_out([shape, azure], services=True)] == [
+    assert [c.kind for c in label_held_out([shape, azure], every_point=True)] == [
         "held-out", "held-out"]
 
 

@@ -66,6 +66,8 @@ PEAKS = (10.0, 100.0)
 STARTUPS = (10.0, 90.0)
 SERVICES = (0.2, 30.0)
 SLO_SECONDS = 5.0
+WORKERS = (SLOTS, TARGET_PER_REPLICA)
+"""The suite's workers: tasks one runs at once, outstanding tasks per replica."""
 AZURE_FILE = Path("azure-llm-2023") / "AzureLLMInferenceTrace_code.csv"
 WORLDCUP_FILE = Path("worldcup98") / "invocation_count.csv"
 
@@ -480,12 +482,13 @@ def table_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     return out
 
 
-def label_held_out(todo: Sequence[Curve], *, services: bool) -> list[Curve]:
+def label_held_out(todo: Sequence[Curve], *, every_point: bool) -> list[Curve]:
     """``todo`` as a run of data never looked at while choosing: the synthetic shapes
-    (their seed is new), and with other service times (means or spread) every curve (the
-    traces' demand is the same at any seed, their points at those service times are
-    not)."""
-    return [replace(c, kind=HELD_OUT) if services or c.name in SHAPES else c for c in todo]
+    (their seed is new), and with ``every_point`` (other service times, means or spread,
+    or other workers) every curve (the traces' demand is the same at any seed, their
+    points with those tasks or workers are not)."""
+    return [replace(c, kind=HELD_OUT) if every_point or c.name in SHAPES else c
+            for c in todo]
 
 
 HEADER = ["curve", "peak/s", "start-up s", "service s", "roost replica-s", "hpa replica-s",
@@ -537,7 +540,7 @@ def _kinds(settings: dict[str, Any]) -> str:
     if settings.get("services") or _spread(settings) != SERVICE_SIGMA:
         return ("Every point of this run is held out (--held-out with --services or "
                 "--service-sigma): service times the defaults were not chosen on.")
-    if _workers(settings) != (SLOTS, TARGET_PER_REPLICA):
+    if _workers(settings) != WORKERS:
         return ("Every point of this run is held out (--held-out with --slots or "
                 "--target): workers the defaults were not chosen on.")
     return ("The synthetic shapes of this run are held out (--held-out): drawn at a seed "
@@ -578,7 +581,7 @@ def markdown(doc: dict[str, Any]) -> str:
                  f"suite's {SERVICE_SIGMA:g} (`--service-sigma`): the same means, "
                  "points outside the matrix the rules were chosen on.", ""]
     slots, target = _workers(doc["settings"])
-    if (slots, target) != (SLOTS, TARGET_PER_REPLICA):
+    if (slots, target) != WORKERS:
         text += [f"Workers run {slots} task{'s' if slots != 1 else ''} at once, sized at "
                  f"{target} outstanding per replica, instead of the suite's "
                  f"{SLOTS} and {TARGET_PER_REPLICA} (`--slots`, "

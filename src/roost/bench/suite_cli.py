@@ -27,6 +27,7 @@ from roost.bench.report import machine, write_json
 from roost.bench.suite import (
     HEADER,
     SLO_SECONDS,
+    WORKERS,
     Point,
     curves,
     geomeans,
@@ -46,6 +47,15 @@ from roost.decide.snapshot import PlanSettings, PoolSpec, Snapshot
 
 MAX_REPLICAS = 5000
 """Room for the largest point (peak 100/s x 30 s service = 3000 tasks in service)."""
+
+
+def suite_config(seed: int, *, pool_down_window: int | None, slots: int,
+                 target: int) -> SimConfig:
+    """The simulation every policy runs in, for a suite run and a trace alike (each
+    point sets its own start-up)."""
+    return SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
+                     pool_down_window=pool_down_window, slots=slots,
+                     target_per_replica=target)
 
 
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
@@ -80,15 +90,13 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
     if service_sigma != SERVICE_SIGMA:  # the same means, spread otherwise
         todo = [replace(c, points=tuple(replace(p, sigma=service_sigma) for p in c.points))
                 for c in todo]
-    workers = (slots, target) != (SLOTS, TARGET_PER_REPLICA)
     if held_out:
-        todo = label_held_out(todo, services=bool(services) or service_sigma != SERVICE_SIGMA
-                              or workers)
+        todo = label_held_out(todo, every_point=bool(services)
+                              or service_sigma != SERVICE_SIGMA
+                              or (slots, target) != WORKERS)
     for note in missing:
         console.print(f"[yellow]{note}[/]")
-    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
-                     pool_down_window=pool_down_window, slots=slots,
-                     target_per_replica=target)
+    base = suite_config(seed, pool_down_window=pool_down_window, slots=slots, target=target)
     at = phases(phase_count)
     rows = []
     total = sum(len(c.points) for c in todo)
@@ -181,9 +189,7 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
         hint = f" ({'; '.join(missing)})" if missing else ""
         raise click.ClickException(
             f"no such curve: {name} (one of {', '.join(c.name for c in todo)}){hint}")
-    base = SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
-                     pool_down_window=pool_down_window, slots=slots,
-                     target_per_replica=target)
+    base = suite_config(seed, pool_down_window=pool_down_window, slots=slots, target=target)
     work = found[0].make(pt, seed)
     cfg = replace(base, startup=pt.startup, phase=phase)
     lo, hi = between if between is not None else (0.0, float("inf"))
