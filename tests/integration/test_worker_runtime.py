@@ -15,6 +15,7 @@ import pytest
 
 from roost.store import fenced, lease
 from roost.store import tasks as tq
+from roost.store.runtime import read_workers
 from roost.store.tasks import TaskStatus
 from roost.worker import (
     ExitReason,
@@ -137,6 +138,8 @@ async def test_drain_stops_claims_finishes_work_reports_empty_and_exits_when_rem
     async with running(w) as run:
         row = await worker_row(db, "w1")
         assert (row["pool_id"], row["instance_ref"], row["revision"]) == ("p", "i-1", "r1")
+        # its concurrency, as the controller's snapshot reads it for the plan
+        assert [w.slots for w in (await read_workers(db))["p"]] == [2]
         blocked = (await tq.submit(db, "p", "block")).task_id
         await eventually(lambda: w.running == 1, what="claimed")
 

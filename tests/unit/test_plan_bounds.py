@@ -8,7 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from roost.decide.demand import Estimates, burst_rate, in_service, jump_share, size
+from roost.decide.demand import (
+    Estimates,
+    burst_rate,
+    carried,
+    in_service,
+    jump_share,
+    mean_queue,
+    size,
+)
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
 from roost.decide.plan import (
     Allowance,
@@ -17,6 +25,7 @@ from roost.decide.plan import (
     growth_limit,
     periods_spent,
     remembered,
+    worker_slots,
 )
 from roost.decide.snapshot import (
     Demand,
@@ -75,6 +84,61 @@ def test_demand_model(rule: str, demand: Demand, est: Estimates, replicas: int,
     got = size(demand, est, replicas=replicas, target=5, s=S)
     assert got.effective == effective, (rule, got.explain)
     assert got.explain, rule
+
+
+def _erlang_c_queue(c: int, a: float) -> float:
+    """The M/M/c mean queue by its closed form (powers and factorials, small c only)."""
+    top = a ** c / math.factorial(c) * c / (c - a)
+    waits = top / (sum(a ** k / math.factorial(k) for k in range(c)) + top)
+    return waits * a / (c - a)
+
+
+@pytest.mark.parametrize(("slots", "load"), [(1, 0.5), (2, 1.0), (4, 3.0), (10, 7.5),
+                                             (30, 29.0), (40, 1.0)])
+def test_the_mean_queue_is_erlangs_c_formula(slots: int, load: float) -> None:
+    assert mean_queue(slots, load) == pytest.approx(_erlang_c_queue(slots, load), rel=1e-9)
+
+
+def test_slots_that_cannot_keep_up_queue_without_bound() -> None:
+    assert mean_queue(2, 2.0) == math.inf and mean_queue(1, 3.5) == math.inf
+    assert mean_queue(4, 0.0) == 0.0
+
+
+def test_the_queue_a_workers_slots_keep_counts_against_the_target() -> None:
+    # one slot a worker sized at one task a replica: 20 replicas for 20 Erlangs run at a
+    # utilisation of 1, where the queue has no bound; the fewest that carry the load and
+    # its mean queue within one task each
+    r = carried(20.0, 1, 1)
+    assert r == int(r) > 20
+    assert 20 + mean_queue(int(r), 20.0) <= r < 20 + mean_queue(int(r) - 1, 20.0) + 1
+    # one worker of 4 slots at 3 Erlangs queues 1.53 on average: 4.53 outstanding against
+    # a target of 3, so two replicas
+    assert carried(3.0, 3, 4) == 6.0
+    # 100 replicas of 4 slots sized at 3 a replica: 299 Erlangs queue next to none
+    assert carried(299.0, 3, 4) == 299.0
+    # no worker said: the load as it is
+    assert carried(20.0, 1, None) == 20.0
+
+
+def test_the_plan_sizes_for_the_queue_the_slots_keep_when_workers_report_them() -> None:
+    # 20/s of 1 s tasks, 20 running and 10 queued, one slot a worker sized at one; 22
+    # replicas clear the 10 within a start-up, so no backlog is left to size for
+    demand = Demand(10, 20, 20.0)
+    told = size(demand, _est(1.0), replicas=22, target=1, s=S, slots=1)
+    assert told.effective == carried(20.0, 1, 1), told.explain
+    assert any(line.startswith("carried = 23 tasks") for line in told.explain), told.explain
+    untold = size(demand, _est(1.0), replicas=22, target=1, s=S)
+    assert untold.effective == 20
+    assert "carried = load (no worker reported its slots)" in untold.explain
+    # never above queued + in service: with nothing queued, 20 (the noise is the queue)
+    assert size(Demand(0, 20, 20.0), _est(1.0), replicas=22, target=1, s=S,
+                slots=1).effective == 20
+    # the fewest slots of the live workers (a pool mid-rollout), gone ones aside
+    views = (replace(worker("a"), slots=4), replace(worker("b", status=D), slots=2),
+             replace(worker("c", status=WorkerStatus.GONE), slots=1), worker("d"))
+    assert worker_slots(replace(pool(), workers=views)) == 2
+    assert worker_slots(replace(pool(), workers=(worker("d"),))) is None
+    assert worker_slots(replace(pool(), workers=None)) is None
 
 
 def _starting(ready: int, *ages: float, startup: float | None = 30.0) -> Estimates:

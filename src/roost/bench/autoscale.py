@@ -394,7 +394,7 @@ class RoostPolicy:
                 worker_id=w.worker_id, status=w.status, running_tasks=len(w.running),
                 active_leases=0, revision="", instance_ref=w.instance_ref,
                 heartbeat_at=now, draining_since=w.draining_since,
-                removal_target=w.removal_target,
+                removal_target=w.removal_target, slots=self.cfg.slots,
             ))
         instances = tuple(InstanceView(w.instance_ref, pool.ready(w), w.priority)
                           for w in pool.workers.values())

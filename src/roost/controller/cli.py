@@ -203,7 +203,9 @@ def _pool_options(create: bool) -> Callable[[Callable[..., Any]], Callable[..., 
             {"default": 0} if create else opt)),
         click.option("--max", "max_replicas", type=click.IntRange(0), **req),
         click.option("--target", "target_per_replica", type=click.IntRange(1), **req,
-                     help="Outstanding tasks per replica."),
+                     help="Outstanding (queued + running) tasks a replica should "
+                          "carry; the plan counts the queue its workers' slots "
+                          "(their --concurrency) keep."),
         click.option("--cpu-milli", "worker_cpu_milli", type=click.IntRange(1), **req),
         click.option("--memory-mib", "worker_mem_mib", type=click.IntRange(1), **req),
         click.option("--db-pool-size", "worker_db_pool_size", type=click.IntRange(0), **req,

@@ -41,8 +41,18 @@ This model sizes to the *work*, with what the pool already has counted as capaci
   and ``drain_horizon`` is the queue wait aimed at. Never shorter than one service
   time: ``left x service / horizon`` tasks in service are then ``left`` or more, every
   queued task started at once, and a shorter horizon buys nothing but replicas;
-- ``effective = ceil(min(queued + busy, load + backlog))``: never more than the old
-  rule asked for, beyond the noise of the running count;
+- ``carried``: the load as the target counts it. ``target_per_replica`` is the
+  outstanding tasks (queued + running) a replica should carry, and Poisson arrivals
+  queue some even below full use: ``load`` Erlangs offered to ``slots`` slots keep
+  ``mean_queue(slots, load)`` waiting on average (Erlang's C formula). ``carried`` is
+  ``load`` when ``ceil(load / target)`` replicas carry ``load`` + that queue within
+  the target each; otherwise ``target x`` the fewest replicas that do. ``slots`` is
+  the fewest any live worker of the pool reported (its concurrency); with none
+  reported, ``carried = load``. With more slots than the target (4 and 3) it seldom
+  binds; with as many (1 and 1) the plan otherwise ran the slots at a utilisation of
+  about 1, where the queue has no bound;
+- ``effective = ceil(min(queued + busy, carried + backlog))``: never more than the
+  old rule asked for, beyond the noise of the running count;
 - **until a start-up is seen**: while replicas are starting and none has turned ready
   since the model first read the pool, an overdue backlog (``left`` above 0) is sized
   as the old rule sized it, ``queued + running``. ``serving`` and ``left`` rest on the
@@ -438,9 +448,41 @@ def serving(est: Estimates, replicas: int, now: float | None, startup: float) ->
     return ready + sum(min(startup, max(0.0, a)) for a in ages) / startup
 
 
+def mean_queue(slots: int, load: float) -> float:
+    """Tasks waiting on average (not in service) when Poisson arrivals offer ``load``
+    Erlangs to ``slots`` slots with exponential service times (M/M/c, Erlang's C
+    formula); inf when the slots cannot keep up. Service times spread more than an
+    exponential's queue more. Erlang's B formula by its recursion, which stays within
+    float range at any size where the closed form's powers and factorials do not
+    (hand-written: a few lines, where scipy would be a new dependency)."""
+    if load <= 0:
+        return 0.0
+    if slots <= load:
+        return math.inf
+    b = 1.0
+    for k in range(1, slots + 1):
+        b = load * b / (k + load * b)
+    waits = slots * b / (slots - load * (1.0 - b))  # P(a task waits), Erlang's C
+    return waits * load / (slots - load)
+
+
+def carried(load: float, target: int, slots: int | None) -> float:
+    """The tasks to size ``load`` (tasks in service) as: ``load``, unless the replicas
+    sized for it at ``target`` a replica would carry more than ``target`` outstanding
+    each with the queue ``slots`` slots a worker keep (`mean_queue`); then ``target x``
+    the fewest replicas that carry no more. ``load`` when ``slots`` is not known."""
+    if slots is None or load <= 0:
+        return load
+    least = replicas = max(1, math.ceil(load / target - 1e-9))
+    while load + mean_queue(slots * replicas, load) > target * replicas:
+        replicas += 1
+    return load if replicas == least else float(target * replicas)
+
+
 def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
-         s: PlanSettings, now: float | None = None) -> Sizing:
-    """The tasks to size for (see the module docstring), with the reasoning."""
+         s: PlanSettings, now: float | None = None, slots: int | None = None) -> Sizing:
+    """The tasks to size for (see the module docstring), with the reasoning.
+    ``slots``: the tasks a worker of the pool runs at once, None when not known."""
     q, x = demand.queued, demand.running
     outstanding = q + x
     rate, service = demand.arrival_rate, est.service
@@ -461,13 +503,14 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     steady = rate * service
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
+    carry = carried(load, target, slots)
     serve = serving(est, replicas, now, startup)
     throughput = serve * target / service  # tasks/s the serving replicas clear at the target
     spare = max(0.0, throughput - rate)
     left = max(0.0, q - spare * startup)
     horizon = max(s.drain_horizon, service)
     backlog = left * service / horizon
-    effective = math.ceil(min(q + busy, load + backlog) - 1e-9)
+    effective = math.ceil(min(q + busy, carry + backlog) - 1e-9)
     unseen = (left > 0 and bool(est.starting_since) and est.startup is None
               and not est.turned_ready)
     if unseen:
@@ -509,13 +552,19 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "
          f"service = {steady:.3g})"),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
+        ("carried = load (no worker reported its slots)" if slots is None else
+         f"carried = load: ceil(load / target) replicas of {slots} slots carry the load "
+         f"and its mean queue (Erlang C) within the target" if carry == load else
+         f"carried = {carry:.3g} tasks: ceil(load / target) replicas of {slots} slots "
+         f"would carry more than {target} each with the load's mean queue (Erlang C); "
+         f"{carry / target:.0f} replicas carry no more"),
         f"serving over the start-up = ready + starting ones for the part after they turn "
         f"ready = {serve:.3g} replicas",
         f"spare = max(0, serving x target / service - arrivals) = {spare:.3g} tasks/s",
         f"backlog left after start-up = max(0, queued - spare x start-up) = {left:.3g}",
         f"backlog term = left x service / horizon max({s.drain_horizon:g}s, service) = "
         f"{backlog:.3g} tasks",
-        f"size for ceil(min(queued + in service, load + backlog)) = {effective} tasks"
+        f"size for ceil(min(queued + in service, carried + backlog)) = {effective} tasks"
         if not unseen else
         f"no start-up seen yet ({len(est.starting_since)} starting, none turned ready): "
         f"the overdue backlog is sized as queued + running = {effective} tasks",

@@ -385,7 +385,7 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
     sizing: Sizing | None = None
     if p.demand is not None:
         sizing = size(p.demand, tracked.estimates, replicas=current or 0,
-                      target=p.spec.target_per_replica, s=s, now=now)
+                      target=p.spec.target_per_replica, s=s, now=now, slots=worker_slots(p))
         hist = tracked.add(now, sizing.effective, keep, sizing.level)
     else:
         hist = replace(tracked, samples=(), levels=())
@@ -409,6 +409,14 @@ def _draft(p: PoolInputs, prev: PoolHistory, global_freeze: str | None, now: flo
                       f"{allowance.left:.2f} of a period's worth unspent)")
             clamped = bounded
     return _Draft(p, hist, current, raw, clamped, None, reason, explain, sizing.short)
+
+
+def worker_slots(p: PoolInputs) -> int | None:
+    """The fewest slots any live worker of the pool reported (a pool mid-rollout may
+    mix two concurrencies: the fewer queues more), None when none did."""
+    said = [w.slots for w in p.workers or ()
+            if w.slots is not None and w.status is not WorkerStatus.GONE]
+    return min(said, default=None)
 
 
 def _removal_pending(d: _Draft) -> bool:

@@ -122,6 +122,9 @@ class WorkerView:
     removal_target: int | None = None
     """Set when the controller committed to removing this worker's replica: the replica
     count it asked the orchestrator for. A new leader finishes the removal from here."""
+    slots: int | None = None
+    """Tasks this worker runs at once (its concurrency), as it registered; None when it
+    did not say (a worker from before the column)."""
 
     @property
     def busy(self) -> int:

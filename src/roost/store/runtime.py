@@ -74,7 +74,8 @@ async def read_workers(
     """Every live (not gone) worker, by pool."""
     rows = await conn.fetch(
         "SELECT id, pool_id, status, running_tasks, active_leases, revision, instance_ref, "
-        "heartbeat_at, draining_since, removal_target FROM workers WHERE status <> 'gone'",
+        "heartbeat_at, draining_since, removal_target, slots FROM workers "
+        "WHERE status <> 'gone'",
         timeout=timeout,
     )
     out: dict[str, list[WorkerView]] = defaultdict(list)
@@ -90,6 +91,7 @@ async def read_workers(
                 heartbeat_at=float(r["heartbeat_at"].timestamp()),
                 draining_since=from_ts(r["draining_since"]),
                 removal_target=r["removal_target"],
+                slots=r["slots"],
             )
         )
     return dict(out)

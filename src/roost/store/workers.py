@@ -32,12 +32,14 @@ class WorkerExists(StoreError):
 
 
 async def register(db: Any, worker_id: str, *, pool_id: str, revision: str,
-                   instance_ref: str) -> None:
+                   instance_ref: str, slots: int | None = None) -> None:
+    """Add the worker's row; ``slots`` is the tasks it runs at once (its concurrency),
+    which the plan reads to count the queue its target allows (`roost.decide.demand`)."""
     try:
         await db.execute(
-            "INSERT INTO workers (id, pool_id, revision, instance_ref, heartbeat_at) "
-            "VALUES ($1, $2, $3, $4, clock_timestamp())",
-            worker_id, pool_id, revision, instance_ref,
+            "INSERT INTO workers (id, pool_id, revision, instance_ref, slots, heartbeat_at) "
+            "VALUES ($1, $2, $3, $4, $5, clock_timestamp())",
+            worker_id, pool_id, revision, instance_ref, slots,
         )
     except asyncpg.ForeignKeyViolationError:
         raise PoolNotFound(pool_id) from None

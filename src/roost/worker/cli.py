@@ -86,7 +86,8 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @_opt("--dsn", envvar=[ENV + "DSN", "ROOST_DSN"], default=None,
       help="Postgres DSN. Without it, a worker launched by a native pool enrolls with the "
            "controller for one (ROOST_WORKER_ENROLL_TOKEN and _URL in its user data).")
-@_opt("--concurrency", "-c", type=click.IntRange(1), default=1, help="Tasks run at once.")
+@_opt("--concurrency", "-c", type=click.IntRange(1), default=1,
+      help="Tasks run at once (registered: the controller sizes the pool's queue from it).")
 @_opt("--lease", type=click.FloatRange(0, min_open=True), default=30.0,
       help="Seconds a claim holds a task between heartbeats.")
 @_opt("--heartbeat", type=click.FloatRange(0), default=0.0,

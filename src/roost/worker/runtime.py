@@ -207,7 +207,8 @@ class Worker:
         )
         try:
             await workers_q.register(self._db, self.worker_id, pool_id=c.pool,
-                                     revision=c.revision, instance_ref=c.instance_ref)
+                                     revision=c.revision, instance_ref=c.instance_ref,
+                                     slots=c.concurrency)
             log.info("worker %s registered in pool %s (instance %r, revision %r, "
                      "concurrency %d)", self.worker_id, c.pool, c.instance_ref, c.revision,
                      c.concurrency)
