@@ -102,6 +102,22 @@ def test_the_mean_queue_is_erlangs_c_formula(slots: int, load: float) -> None:
 def test_slots_that_cannot_keep_up_queue_without_bound() -> None:
     assert mean_queue(2, 2.0) == math.inf and mean_queue(1, 3.5) == math.inf
     assert mean_queue(4, 0.0) == 0.0
+    # a worker that claims two billion slots: no queue, read in a few hundred steps
+    assert mean_queue(2 ** 31, 5.0) == 0.0
+
+
+@pytest.mark.parametrize("target", [1, 3, 12])
+@pytest.mark.parametrize("slots", [1, 2, 4, 16])
+def test_carried_is_the_fewest_replicas_that_carry_the_target(target: int, slots: int
+                                                              ) -> None:
+    for tenth in range(1, 2000, 7):
+        load = tenth / 10
+        got = carried(load, target, slots)
+        least = max(1, math.ceil(load / target - 1e-9))
+        r = least
+        while load + mean_queue(slots * r, load) > target * r:  # one at a time
+            r += 1
+        assert got == (load if r == least else target * r), (load, got, r)
 
 
 def test_the_queue_a_workers_slots_keep_counts_against_the_target() -> None:

@@ -462,6 +462,8 @@ def mean_queue(slots: int, load: float) -> float:
     b = 1.0
     for k in range(1, slots + 1):
         b = load * b / (k + load * b)
+        if b == 0.0:  # past the load it only falls: no queue to float precision, and
+            return 0.0  # the loop is bounded by the load, not by a worker's claim
     waits = slots * b / (slots - load * (1.0 - b))  # P(a task waits), Erlang's C
     return waits * load / (slots - load)
 
@@ -473,10 +475,21 @@ def carried(load: float, target: int, slots: int | None) -> float:
     the fewest replicas that carry no more. ``load`` when ``slots`` is not known."""
     if slots is None or load <= 0:
         return load
-    least = replicas = max(1, math.ceil(load / target - 1e-9))
-    while load + mean_queue(slots * replicas, load) > target * replicas:
-        replicas += 1
-    return load if replicas == least else float(target * replicas)
+    least = max(1, math.ceil(load / target - 1e-9))
+
+    def carries(replicas: int) -> bool:  # more replicas queue less and carry more
+        return load + mean_queue(slots * replicas, load) <= target * replicas
+
+    if carries(least):
+        return load
+    low, step = least, 1  # carries(low) is False; gallop, then halve, to the fewest
+    while not carries(least + step):
+        low, step = least + step, step * 2
+    high = least + step
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if carries(mid) else (mid, high)
+    return float(target * high)
 
 
 def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
