@@ -53,7 +53,7 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         endpoint=cluster.endpoint, region=cluster.spec.region, access_key_id=key,
         secret_access_key=secret, dsn=dsn, controller_url=f"http://127.0.0.1:{port}",
         timeout=5.0), now=time.time)
-    ref = f"type=t3.small; target=tests.worker_tasks:slow; app_dir={ROOT}"
+    ref = f"type=t3.small; target=tests.worker_tasks:slow; concurrency=2; app_dir={ROOT}"
     pool = PoolRef("auto", ref)
     config = ControllerConfig(dsn=dsn, interval=0.5, scale_up_window=1.0,
                               scale_down_window=2.0, http_port=port,
@@ -76,10 +76,14 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         ids = [(await tasks_q.submit(db, "auto", {"seconds": 0.5, "log": str(log)},
                                      idempotency_key=f"k{i}")).task_id for i in range(300)]
 
-        peak, nodes_used = 0, set()
+        peak, nodes_used, sized = 0, set(), []
 
         async def all_done() -> bool:
             nonlocal peak
+            async with httpx.AsyncClient() as http:
+                doc = (await http.get(f"http://127.0.0.1:{port}/status")).json()
+            sized.extend(line for line in doc["plan"]["pools"]["auto"]["sizing"]
+                         if line.startswith("carried"))
             state = await orch.pool_state(pool)
             peak = max(peak, len(state.instances))
             for inst in state.instances:
@@ -92,6 +96,10 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         await eventually(all_done, timeout=60, every=0.2, what="every task to finish")
         print(f"peak replicas {peak} on nodes {sorted(nodes_used)}")
         assert peak >= 3 and len(nodes_used) >= 2, (peak, nodes_used)
+        # each worker registered its concurrency, and the plan sized with it
+        rows = await db.fetch("SELECT DISTINCT slots FROM workers WHERE pool_id = 'auto'")
+        assert [r["slots"] for r in rows] == [2]
+        assert any("replicas of 2 slots" in line for line in sized), sized[-3:]
 
         starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
         assert sorted(int(s.split()[1].split("=")[1]) for s in starts) == sorted(ids)
