@@ -99,7 +99,7 @@ async def test_a_native_pool_scales_up_runs_every_task_once_and_drains(
         # each worker registered its concurrency, and the plan sized with it
         rows = await db.fetch("SELECT DISTINCT slots FROM workers WHERE pool_id = 'auto'")
         assert [r["slots"] for r in rows] == [2]
-        assert any("replicas of 2 slots" in line for line in sized), sized[-3:]
+        assert any("(2 slots each)" in line for line in sized), sized[-3:]
 
         starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
         assert sorted(int(s.split()[1].split("=")[1]) for s in starts) == sorted(ids)

@@ -566,11 +566,11 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"service = {steady:.3g})"),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         ("carried = load (no worker reported its slots)" if slots is None else
-         f"carried = load: ceil(load / target) replicas of {slots} slots carry the load "
-         f"and its mean queue (Erlang C) within the target" if carry == load else
-         f"carried = {carry:.3g} tasks: ceil(load / target) replicas of {slots} slots "
-         f"would carry more than {target} each with the load's mean queue (Erlang C); "
-         f"{carry / target:.0f} replicas carry no more"),
+         f"carried = load: ceil(load / target) replicas ({slots} slots each) carry the "
+         f"load and its mean queue (Erlang C) within the target" if carry == load else
+         f"carried = {carry:.3g} tasks: ceil(load / target) replicas ({slots} slots "
+         f"each) would carry more than {target} each with the load's mean queue (Erlang "
+         f"C); {carry / target:.0f} replicas carry no more"),
         f"serving over the start-up = ready + starting ones for the part after they turn "
         f"ready = {serve:.3g} replicas",
         f"spare = max(0, serving x target / service - arrivals) = {spare:.3g} tasks/s",
