@@ -30,7 +30,8 @@ def test_identity_and_config() -> None:
     assert instance_ref_from_env({}) == ""
     c = WorkerConfig(dsn="x", pool="p", lease=9, instance_ref="i-1").validate()
     assert c.heartbeat_interval == 3 and c.worker_id.startswith("i-1-")
-    for bad in ({"concurrency": 0}, {"lease": 0}, {"heartbeat_interval": 30},
-                {"db_pool_size": 0}, {"retry_backoff": 5, "retry_backoff_max": 1}):
+    for bad in ({"concurrency": 0}, {"concurrency": 2**31}, {"lease": 0},
+                {"heartbeat_interval": 30}, {"db_pool_size": 0},
+                {"retry_backoff": 5, "retry_backoff_max": 1}):
         with pytest.raises(ValueError):
             WorkerConfig(dsn="x", pool="p", **bad).validate()  # type: ignore[arg-type]
