@@ -182,7 +182,8 @@ def test_pool_refs_parse_or_say_why() -> None:
     assert (spec.instance_type, spec.target, spec.app_dir, spec.revision) == (
         "t3.small", "a.b:c", "/srv/app", "r1")
     for bad in ("", "type=t3.small", "target=a:b", "type=t3.small;target=nocolon",
-                "type=t3.small;target=a:b;concurrency=0", "type=t3.small;target=a:b;x=1"):
+                "type=t3.small;target=a:b;concurrency=0",
+                "type=t3.small;target=a:b;concurrency=2147483648", "type=t3.small;target=a:b;x=1"):
         with pytest.raises(ValueError):
             parse_ref(bad)
 

@@ -115,7 +115,7 @@ def test_carried_is_the_fewest_replicas_that_carry_the_target(target: int, slots
         got = carried(load, target, slots)
         least = max(1, math.ceil(load / target - 1e-9))
         r = least
-        while load + mean_queue(slots * r, load) > target * r:  # one at a time
+        while load + mean_queue(slots * r, load) > target * r + 1e-9:  # one at a time
             r += 1
         assert got == (load if r == least else target * r), (load, got, r)
 
@@ -134,6 +134,12 @@ def test_the_queue_a_workers_slots_keep_counts_against_the_target() -> None:
     assert carried(299.0, 3, 4) == 299.0
     # no worker said: the load as it is
     assert carried(20.0, 1, None) == 20.0
+    # a load a hair above a whole number of replicas with no queue to speak of (80 slots
+    # for 5 Erlangs) is not one replica more; exactly a whole number with a queue is
+    assert carried(5 + 1e-12, 1, 16) == 5 + 1e-12
+    assert carried(30.0, 3, 4) == 33.0 and mean_queue(40, 30.0) > 0.1
+    # slots fewer than the target: the replicas must at least hold the load in slots
+    assert carried(10.0, 4, 1) >= 4 * 10.0 / 1
 
 
 def test_the_plan_sizes_for_the_queue_the_slots_keep_when_workers_report_them() -> None:

@@ -43,14 +43,18 @@ This model sizes to the *work*, with what the pool already has counted as capaci
   queued task started at once, and a shorter horizon buys nothing but replicas;
 - ``carried``: the load as the target counts it. ``target_per_replica`` is the
   outstanding tasks (queued + running) a replica should carry, and Poisson arrivals
-  queue some even below full use: ``load`` Erlangs offered to ``slots`` slots keep
-  ``mean_queue(slots, load)`` waiting on average (Erlang's C formula). ``carried`` is
-  ``load`` when ``ceil(load / target)`` replicas carry ``load`` + that queue within
-  the target each; otherwise ``target x`` the fewest replicas that do. ``slots`` is
-  the fewest any live worker of the pool reported (its concurrency); with none
-  reported, ``carried = load``. With more slots than the target (4 and 3) it seldom
-  binds; with as many (1 and 1) the plan otherwise ran the slots at a utilisation of
-  about 1, where the queue has no bound;
+  queue some even below full use: ``load`` Erlangs offered to ``r`` replicas of
+  ``slots`` slots each keep ``mean_queue(slots x r, load)`` waiting on average
+  (Erlang's C formula). ``carried`` is ``load`` when ``r = ceil(load / target)``
+  replicas carry ``load`` + that queue within the target each; otherwise ``target x``
+  the fewest replicas that do. ``slots`` is the fewest any live worker of the pool
+  reported (its concurrency); with none reported, ``carried = load``. With more slots
+  than the target (4 and 3) it binds mostly for small pools; with as many (1 and 1)
+  the plan otherwise ran the slots at a utilisation of about 1, where the queue has
+  no bound; with fewer slots than the target, ``ceil(load / target)`` replicas could
+  have fewer slots than the load, and ``carried`` is at least ``target x load /
+  slots``. It is skipped where ``load`` is already at or above ``queued + busy``,
+  which bounds ``effective`` then;
 - ``effective = ceil(min(queued + busy, carried + backlog))``: never more than the
   old rule asked for, beyond the noise of the running count;
 - **until a start-up is seen**: while replicas are starting and none has turned ready
@@ -473,12 +477,14 @@ def carried(load: float, target: int, slots: int | None) -> float:
     sized for it at ``target`` a replica would carry more than ``target`` outstanding
     each with the queue ``slots`` slots a worker keep (`mean_queue`); then ``target x``
     the fewest replicas that carry no more. ``load`` when ``slots`` is not known."""
-    if slots is None or load <= 0:
+    if slots is None or not 0 < load < math.inf:
         return load
     least = max(1, math.ceil(load / target - 1e-9))
 
-    def carries(replicas: int) -> bool:  # more replicas queue less and carry more
-        return load + mean_queue(slots * replicas, load) <= target * replicas
+    def carries(replicas: int) -> bool:  # more replicas queue less and carry more; the
+        # same 1e-9 of float slack as `least`, so a load a hair above a whole number of
+        # replicas with no queue to speak of is not one replica more
+        return load + mean_queue(slots * replicas, load) <= target * replicas + 1e-9
 
     if carries(least):
         return load
@@ -516,7 +522,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     steady = rate * service
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
-    carry = carried(load, target, slots)
+    # sized within queued + in service whatever it is: skipped where that binds anyway
+    carry = carried(load, target, slots) if load < q + busy else load
     serve = serving(est, replicas, now, startup)
     throughput = serve * target / service  # tasks/s the serving replicas clear at the target
     spare = max(0.0, throughput - rate)
@@ -566,6 +573,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"service = {steady:.3g})"),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         ("carried = load (no worker reported its slots)" if slots is None else
+         "carried = load (at or above queued + in service, which bounds the size)"
+         if load >= q + busy else
          f"carried = load: ceil(load / target) replicas ({slots} slots each) carry the "
          f"load and its mean queue (Erlang C) within the target" if carry == load else
          f"carried = {carry:.3g} tasks: ceil(load / target) replicas ({slots} slots "

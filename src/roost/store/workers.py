@@ -24,6 +24,9 @@ from roost.decide.snapshot import WorkerStatus
 from roost.store.errors import PoolNotFound, StoreError
 from roost.store.tasks import extend_leases, transaction
 
+MAX_SLOTS = 2**31 - 1
+"""The most tasks a worker may run at once: ``workers.slots`` is a Postgres integer."""
+
 
 class WorkerExists(StoreError):
     def __init__(self, worker_id: str) -> None:

@@ -8,6 +8,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from roost.store.workers import MAX_SLOTS
+
 INSTANCE_REF_ENVS = ("ROOST_INSTANCE_ID", "POD_NAME")
 """Where a worker finds its orchestrator ref: the instance id a roost node gives the
 processes it launches, or the pod name Kubernetes' downward API provides."""
@@ -18,9 +20,9 @@ def instance_ref_from_env(environ: Mapping[str, str] | None = None) -> str:
     return next((env[k] for k in INSTANCE_REF_ENVS if env.get(k)), "")
 
 
-MAX_CONCURRENCY = 2**31 - 1
-"""The most tasks a worker may run at once: it registers them as ``workers.slots``, a
-Postgres integer (more would fail at registration with the database's error)."""
+MAX_CONCURRENCY = MAX_SLOTS
+"""The most tasks a worker may run at once: it registers them as ``workers.slots``
+(more would fail at registration with the database's error)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,7 @@ from roost.controller.orchestrator import (
 from roost.domain.catalog import BUILTIN
 from roost.domain.errors import InsufficientInstanceCapacity, InvalidParameterValue, from_code
 from roost.domain.images import DEFAULT_IMAGE_ID
+from roost.store.workers import MAX_SLOTS
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +181,10 @@ def parse_ref(ref: str) -> PoolSpec:
     if ":" not in fields["target"]:
         raise ValueError(f"pool ref target {fields['target']!r} is not module:function")
     concurrency = fields.get("concurrency")
-    if concurrency is not None and (not concurrency.isdigit() or int(concurrency) < 1):
-        raise ValueError(f"pool ref concurrency {concurrency!r} must be a positive integer")
+    if concurrency is not None and (not concurrency.isdigit()
+                                    or not 1 <= int(concurrency) <= MAX_SLOTS):
+        raise ValueError(f"pool ref concurrency {concurrency!r} must be an integer within "
+                         f"1..{MAX_SLOTS}")
     return PoolSpec(fields["type"], fields["target"],
                     int(concurrency) if concurrency is not None else None,
                     fields.get("app_dir"), fields.get("revision"))
