@@ -94,7 +94,7 @@ async def test_the_model_reads_rates_from_postgres_and_shows_its_steps(rig: Rig)
     assert ", service 2s" in text, text
     # 3 running where 1.1/s x 2 s predicts 2.2: within the noise, read by their variances
     assert "in service: running 3 is within 2 sd of arrivals x service = 2.2" in text, text
-    assert "size for ceil(min(queued + in service, load + backlog)) = 3 tasks" in text, text
+    assert "size for ceil(min(queued + in service, carried + backlog)) = 3 tasks" in text, text
     assert "headroom" not in text  # one rate read: no spread to size room on yet
     await rig.tick(c)
     text = "\n".join(msgspec.to_builtins(status_doc(c))["plan"]["pools"]["p"]["sizing"])
