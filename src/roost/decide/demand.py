@@ -522,8 +522,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     steady = rate * service
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
-    # sized within queued + in service whatever it is: skipped where that binds anyway
-    carry = carried(load, target, slots) if load < q + busy else load
+    bounded = load >= q + busy  # the size is queued + in service whatever carried is
+    carry = load if bounded else carried(load, target, slots)
     serve = serving(est, replicas, now, startup)
     throughput = serve * target / service  # tasks/s the serving replicas clear at the target
     spare = max(0.0, throughput - rate)
@@ -574,7 +574,7 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         ("carried = load (no worker reported its slots)" if slots is None else
          "carried = load (at or above queued + in service, which bounds the size)"
-         if load >= q + busy else
+         if bounded else
          f"carried = load: ceil(load / target) replicas ({slots} slots each) carry the "
          f"load and its mean queue (Erlang C) within the target" if carry == load else
          f"carried = {carry:.3g} tasks: ceil(load / target) replicas ({slots} slots "

@@ -20,7 +20,8 @@ import asyncpg
 import click
 
 from roost.store.errors import StoreError
-from roost.worker.config import INSTANCE_REF_ENVS, MAX_CONCURRENCY, WorkerConfig
+from roost.store.workers import MAX_SLOTS
+from roost.worker.config import INSTANCE_REF_ENVS, WorkerConfig
 from roost.worker.enroll import EnrollmentFailed, enrollment_requested, fetch_dsn
 from roost.worker.errors import TargetNotFound
 from roost.worker.metrics import serve_metrics
@@ -86,7 +87,7 @@ def _opt(*decls: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[...,
 @_opt("--dsn", envvar=[ENV + "DSN", "ROOST_DSN"], default=None,
       help="Postgres DSN. Without it, a worker launched by a native pool enrolls with the "
            "controller for one (ROOST_WORKER_ENROLL_TOKEN and _URL in its user data).")
-@_opt("--concurrency", "-c", type=click.IntRange(1, MAX_CONCURRENCY), default=1,
+@_opt("--concurrency", "-c", type=click.IntRange(1, MAX_SLOTS), default=1,
       help="Tasks run at once (registered: the controller sizes the pool's queue from it).")
 @_opt("--lease", type=click.FloatRange(0, min_open=True), default=30.0,
       help="Seconds a claim holds a task between heartbeats.")

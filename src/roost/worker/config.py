@@ -20,11 +20,6 @@ def instance_ref_from_env(environ: Mapping[str, str] | None = None) -> str:
     return next((env[k] for k in INSTANCE_REF_ENVS if env.get(k)), "")
 
 
-MAX_CONCURRENCY = MAX_SLOTS
-"""The most tasks a worker may run at once: it registers them as ``workers.slots``
-(more would fail at registration with the database's error)."""
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     dsn: str
@@ -48,8 +43,8 @@ class WorkerConfig:
     retry_backoff_max: float = 300.0
 
     def validate(self) -> WorkerConfig:
-        if not 1 <= self.concurrency <= MAX_CONCURRENCY:
-            raise ValueError(f"concurrency must be within 1..{MAX_CONCURRENCY}")
+        if not 1 <= self.concurrency <= MAX_SLOTS:  # it registers as workers.slots
+            raise ValueError(f"concurrency must be within 1..{MAX_SLOTS}")
         if self.lease <= 0:
             raise ValueError("lease must be > 0")
         if self.heartbeat_interval < 0 or self.heartbeat_interval >= self.lease:
