@@ -162,6 +162,7 @@ over the headroom window, and the service time the headroom is sized on.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, replace
@@ -170,6 +171,42 @@ from roost.decide.snapshot import Demand, Infra, PlanSettings
 
 STARTUP_WEIGHT = 0.3
 """Weight of a new start-up sample in the start-up time's moving average."""
+
+RISE_WINDOWS = 3
+"""Rises in a row between reads a start-up apart that a sustained rise needs (`rise`):
+the means of disjoint windows over one burst or step rise at most twice."""
+
+
+def rise(arrivals: tuple[tuple[float, float], ...], now: float, span: float,
+         s: PlanSettings) -> tuple[float, tuple[float, ...]] | None:
+    """The arrival rate's slope (tasks/s per second) on a sustained rise, and the reads
+    it rests on, oldest first; None unless there is one.
+
+    The reads: the newest, and before each the newest read at least ``span`` (the
+    start-up, at least a rate window) earlier, `RISE_WINDOWS` + 1 of them, so their
+    windows do not overlap. A sustained rise: each read above the one before by more
+    than ``headroom_sigmas`` standard errors of the difference of two Poisson window
+    means (``sqrt((a + b) / rate_window)``). The means of disjoint windows over a
+    single burst or step rise at most twice (into the window it begins in, then into a
+    full one), so three rises are never one burst or step."""
+    if not arrivals or arrivals[-1][0] != now:
+        return None
+    w = s.rate_window
+    span = max(span, w)
+    picked = [arrivals[-1]]
+    for t, r in reversed(arrivals[:-1]):
+        if len(picked) > RISE_WINDOWS:
+            break
+        if t <= picked[-1][0] - span + 1e-9:
+            picked.append((t, r))
+    if len(picked) <= RISE_WINDOWS:
+        return None
+    picked.reverse()
+    for (_, a), (_, b) in itertools.pairwise(picked):
+        if b - a <= s.headroom_sigmas * math.sqrt((a + b) / w):
+            return None
+    (t0, r0), (t1, r1) = picked[0], picked[-1]
+    return (r1 - r0) / (t1 - t0), tuple(r for _, r in picked)
 
 
 def service_grain(service: float | None, s: PlanSettings) -> float:
@@ -325,6 +362,9 @@ class Estimates:
     startup_remembered: bool = False
     """``startup`` is the previous leadership's estimate, published with its plan, and
     no start-up has been measured since (docs/architecture.md)."""
+    arrivals: tuple[tuple[float, float], ...] = ()
+    """``(time, arrival rate)`` as read, over the last `RISE_WINDOWS` start-ups (each at
+    least a rate window) and two ticks more (`rise`)."""
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -364,9 +404,13 @@ class Estimates:
         room = self.room_service
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
+        keep = RISE_WINDOWS * max(s.rate_window, self.startup_time(s)) + 2 * s.interval
+        arrivals = tuple((t, r) for t, r in self.arrivals if t >= now - keep)
+        if demand is not None and demand.arrival_rate is not None:
+            arrivals += ((now, demand.arrival_rate),)
         out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
                         self.recurred, weight, now if infra is not None else self.read_at,
-                        remembered)
+                        remembered, arrivals)
         peak = out.peak_rate(s)
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
@@ -438,6 +482,10 @@ class Sizing:
     """The arrivals' level: ``ceil(burst rate x service)`` (`burst_rate`), the tasks
     the arrivals keep in service at their busiest, without the backlog a burst leaves
     behind. The flap guard holds it (`roost.decide.plan`). None without the model."""
+    rising: int = 0
+    """On a sustained rise (`rise`), the tasks at the target whose replicas' slots carry
+    the rate a replica asked now meets: it holds every scale-down and never makes the
+    pool grow. 0 without a rise or without the workers' slots."""
 
 
 def serving(est: Estimates, replicas: int, now: float | None, startup: float) -> float:
@@ -533,14 +581,25 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         why = "arrival rate not read" if rate is None else "no task completed yet"
         lines.append(f"{why}: size for queued + running = {outstanding}")
         return Sizing(outstanding, tuple(lines), short=q > 0)
+    rising = rise(est.arrivals, now, startup, s) if now is not None else None
+    ahead = mean_ahead = rate  # the rate a replica asked now meets; the mean until then
+    if rising is not None:
+        # the window's mean lags the rise by half a window, and a replica asked now
+        # serves from one start-up on
+        ahead = rate + rising[0] * (s.rate_window / 2 + startup)
+        mean_ahead = rate + rising[0] * (s.rate_window + startup) / 2
     steady = rate * service
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
     bounded = load >= q + busy  # the size is queued + in service whatever carried is
     carry = load if bounded else carried(load, target, slots)
+    keeps_up = None  # tasks at the target whose replicas' slots carry the rate ahead
+    if rising is not None and slots is not None:
+        keeps_up = target * carried(ahead * service, slots, slots) / slots
+        carry = max(carry, keeps_up)
     serve = serving(est, replicas, now, startup)
     throughput = serve * target / service  # tasks/s the serving replicas clear at the target
-    spare = max(0.0, throughput - rate)
+    spare = max(0.0, throughput - mean_ahead)
     left = max(0.0, q - spare * startup)
     horizon = max(s.drain_horizon, service)
     backlog = left * service / horizon
@@ -585,6 +644,18 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"= {steady:.3g}: read as their inverse-variance mean = {busy:.3g}" if agree else
          f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "
          f"service = {steady:.3g})"),
+        *([] if rising is None else [
+            f"a sustained rise: the rate read {max(startup, s.rate_window):.3g}s apart "
+            f"(a start-up, at least a rate window) rose beyond {s.headroom_sigmas:g} "
+            f"standard errors each time ("
+            + ", ".join(f"{r:.3g}" for r in rising[1]) + f"/s): {rising[0]:.3g}/s per "
+            f"second; a replica asked now meets {ahead:.3g}/s (the window's half lag and "
+            f"a start-up ahead), {mean_ahead:.3g}/s on average until then",
+            "slots for the rise: no worker reported its slots" if keeps_up is None else
+            f"slots for the rise: the replicas whose {slots} slots each carry "
+            f"{ahead * service:.3g} Erlangs and their mean queue (Erlang C) = "
+            f"{keeps_up:.3g} tasks at the target; carried is at least that, and it holds "
+            f"every scale-down"]),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         ("carried = load (no worker reported its slots)" if slots is None else
          "carried = load (at or above queued + in service, which bounds the size)"
@@ -596,7 +667,8 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"C); {carry / target:.0f} replicas carry no more"),
         f"serving over the start-up = ready + starting ones for the part after they turn "
         f"ready = {serve:.3g} replicas",
-        f"spare = max(0, serving x target / service - arrivals) = {spare:.3g} tasks/s",
+        f"spare = max(0, serving x target / service - arrivals"
+        f"{' until a replica asked now serves' if rising else ''}) = {spare:.3g} tasks/s",
         f"backlog left after start-up = max(0, queued - spare x start-up) = {left:.3g}",
         f"backlog term = left x service / horizon max({s.drain_horizon:g}s, service) = "
         f"{backlog:.3g} tasks",
@@ -664,4 +736,6 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     level = math.ceil(burst * service - 1e-9)
     lines.append(f"arrivals' level = burst rate {burst:.3g}/s x service = {level} tasks "
                  f"(a flapping pool holds the most of it over {s.flap_window:g}s)")
-    return Sizing(effective, tuple(lines), reserve, recurs, left, short, grows, jump, level)
+    rising_room = 0 if keeps_up is None else math.ceil(keeps_up - 1e-9)
+    return Sizing(effective, tuple(lines), reserve, recurs, left, short, grows, jump, level,
+                  rising_room)

@@ -328,12 +328,16 @@ def _windowed(p: PoolInputs, hist: PoolHistory, current: int, sizing: Sizing, no
         # step down, the old level's reads would otherwise hold it for the whole window.
         # Tasks shorter than the wait aimed at also keep room for a jump back to a rate
         # read lately, recurring or not (`roost.decide.demand.jump_share`).
-        kept = max(sizing.reserve if flapping or sizing.recurs else 0, sizing.jump)
+        # A sustained rise holds the slots the rate ahead needs: a replica released now
+        # would be asked again within a start-up (`roost.decide.demand.rise`).
+        other = max(sizing.reserve if flapping or sizing.recurs else 0, sizing.jump)
+        kept = max(other, sizing.rising)
+        why = "a sustained rise" if sizing.rising > other else "headroom"
         room = raw_desired(kept, target)
         if room >= current:
-            return current, f"headroom: {kept} tasks of room hold {current}"
+            return current, f"{why}: {kept} tasks of room hold {current}"
         if room > high:
-            return room, f"demand below {current} for {held}, queue empty; headroom " \
+            return room, f"demand below {current} for {held}, queue empty; {why} " \
                          f"keeps {room}"
         return high, f"demand below {current} for {held}, queue empty"
     return current, "demand matches replicas"
