@@ -1,14 +1,19 @@
 """A sustained rise of the arrival rate (`roost.decide.demand.rise`): read on window
-means of a ramp, never on one step or burst, wherever it falls against the reads."""
+means of a ramp, never on one step or burst, wherever it falls against the reads; what
+the plan does with it (the slots for the rate ahead, the backlog's projection, the
+scale-down it holds)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
-from roost.decide.demand import RISE_WINDOWS, rise
-from roost.decide.snapshot import PlanSettings
+from roost.decide.demand import RISE_WINDOWS, Estimates, carried, rise, size
+from roost.decide.snapshot import Demand, PlanSettings
+from tests.unit.test_plan_helpers import NOW, SETTINGS, held, pool, run, snap, spec, worker
 
 S = PlanSettings()
 
@@ -68,3 +73,77 @@ def test_only_the_newest_read_now_counts() -> None:
     reads = _reads(lambda t: 10.0 + 0.15 * t, 600)
     assert rise(reads, 610.0, 90.0, S) is None  # no read at this tick
     assert rise((), 600.0, 90.0, S) is None
+
+
+def _ramp_reads(slope: float, rate_now: float, *, seconds: float = 400.0,
+                until: float = NOW) -> tuple[tuple[float, float], ...]:
+    """Reads every 10 s up to ``until`` of a rate rising ``slope`` per second to
+    ``rate_now``."""
+    n = int(seconds // 10)
+    return tuple((until - 10 * k, rate_now - slope * 10 * k) for k in range(n, -1, -1))
+
+
+def _flat_reads(rate: float, *, until: float = NOW) -> tuple[tuple[float, float], ...]:
+    return tuple((until - 10 * k, rate) for k in range(40, -1, -1))
+
+
+# a pool of 0.2 s tasks on one-slot workers sized at one task a replica, 90 s start-ups
+EST = Estimates(service=0.2, service_at=NOW, startup=90.0)
+QUEUED = Demand(20, 12, arrival_rate=60.0, service_time=0.2)
+
+
+def test_a_sustained_rise_sizes_the_slots_for_the_rate_a_replica_asked_now_meets() -> None:
+    rising = replace(EST, arrivals=_ramp_reads(0.15, 60.0))
+    got = size(QUEUED, rising, replicas=14, target=1, s=S, now=NOW, slots=1)
+    # the window's mean lags by half a window; the replica serves a start-up on
+    ahead = 60.0 + 0.15 * (S.rate_window / 2 + 90.0)
+    need = carried(ahead * 0.2, 1, 1)
+    assert need > ahead * 0.2  # one-slot workers queue: more replicas than Erlangs
+    assert got.rising == math.ceil(need - 1e-9)
+    assert got.effective >= got.rising, got.explain
+    assert any(line.startswith("a sustained rise: the rate read 90s apart")
+               for line in got.explain), got.explain
+    assert any(line.startswith("slots for the rise: the replicas whose 1 slots")
+               for line in got.explain), got.explain
+    # the same pool with the rate flat at 60/s: no rise, no room for it, a smaller size
+    flat = size(QUEUED, replace(EST, arrivals=_flat_reads(60.0)), replicas=14, target=1,
+                s=S, now=NOW, slots=1)
+    assert flat.rising == 0 and flat.effective < got.effective
+    assert not any("sustained rise" in line for line in flat.explain)
+
+
+def test_without_the_workers_slots_a_rise_only_projects_the_backlog() -> None:
+    # 13 replicas clear 65/s at the target: at the rate read now (60/s) they clear the
+    # 20 queued within the start-up; at the mean rate until a new replica serves (60 +
+    # 0.15 x (30 + 90) / 2 = 69/s) they clear none of them
+    rising = replace(EST, arrivals=_ramp_reads(0.15, 60.0))
+    got = size(QUEUED, rising, replicas=13, target=1, s=S, now=NOW, slots=None)
+    flat = size(QUEUED, replace(EST, arrivals=_flat_reads(60.0)), replicas=13, target=1,
+                s=S, now=NOW, slots=None)
+    assert got.rising == 0 and flat.rising == 0
+    assert got.overdue == 20 and flat.overdue == 0.0, (got.explain, flat.explain)
+    assert got.effective > flat.effective
+    assert any("slots for the rise: no worker reported its slots" in line
+               for line in got.explain)
+
+
+def test_a_sustained_rise_holds_a_scale_down() -> None:
+    s = replace(SETTINGS, scale_down_window=30.0)
+    ws = [replace(worker(f"p-w{i}"), slots=1) for i in range(20)]
+    inputs = replace(pool(spec(target_per_replica=1, max_replicas=40), running=10,
+                          replicas=20, workers=ws),
+                     demand=Demand(0, 10, arrival_rate=50.0, service_time=0.2))
+    # demand has been below 20 replicas for the window, and the rate rises 0.15/s per
+    # second: the reads kept end one tick before NOW, the plan adds NOW's own
+    est = replace(EST, arrivals=_ramp_reads(0.15, 50.0 - 1.5, until=NOW - 10))
+    hist = replace(held(10), estimates=est)
+    p = run(snap(inputs), {"p": hist}, settings=s).pool("p")
+    ahead = 50.0 + 0.15 * (S.rate_window / 2 + 90.0)
+    room = math.ceil(carried(ahead * 0.2, 1, 1) - 1e-9)
+    assert 10 < room < 20
+    assert p.desired_replicas == room, p.reason
+    assert f"a sustained rise keeps {room}" in p.reason, p.reason
+    # the same pool with the rate flat: it scales down to what the load needs
+    calm = replace(hist, estimates=replace(EST, arrivals=_flat_reads(50.0, until=NOW - 10)))
+    q = run(snap(inputs), {"p": calm}, settings=s).pool("p")
+    assert q.desired_replicas < room, q.reason
