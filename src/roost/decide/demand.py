@@ -66,6 +66,15 @@ This model sizes to the *work*, with what the pool already has counted as capaci
   of a sawtooth from one replica, 90 s start-ups). Only while replicas are starting: a
   pool that has not grown yet has nothing the start-up would miscount. Once a replica
   turns ready (a start-up shorter than the tick included), the model sizes as above.
+- **a sustained rise** (`rise`): the rate read now and the newest reads one, two and
+  three start-ups earlier (each at least a rate window apart) rose three times in a
+  row beyond ``headroom_sigmas`` standard errors of Poisson window means. Then
+  ``spare`` is read against the mean rate until a replica asked now serves, and
+  ``carried`` is at least ``target x`` the fewest replicas whose slots carry the rate
+  that replica meets (and its mean queue) within their slots; that figure holds every
+  scale-down (`Sizing.rising`). With one slot a worker sized at one task a replica the
+  target leaves no slack for a rise over a start-up: the pool drained on a ramp and
+  asked for the replicas again a start-up too late.
 
 More figures go to the plan's windows (`roost.decide.plan`):
 
