@@ -105,6 +105,8 @@ def test_a_sustained_rise_sizes_the_slots_for_the_rate_a_replica_asked_now_meets
                for line in got.explain), got.explain
     assert any(line.startswith("slots for the rise: the replicas whose 1 slots")
                for line in got.explain), got.explain
+    assert any(line.startswith(f"carried = the slots for the rise, {got.rising} tasks")
+               for line in got.explain), got.explain
     # the same pool with the rate flat at 60/s: no rise, no room for it, a smaller size
     flat = size(QUEUED, replace(EST, arrivals=_flat_reads(60.0)), replicas=14, target=1,
                 s=S, now=NOW, slots=1)

@@ -601,11 +601,11 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
     busy, agree = in_service(x, steady, service, s)
     load = max(steady, busy)
     bounded = load >= q + busy  # the size is queued + in service whatever carried is
-    carry = load if bounded else carried(load, target, slots)
+    carry_now = load if bounded else carried(load, target, slots)  # the load read now
     keeps_up = None  # tasks at the target whose replicas' slots carry the rate ahead
     if rising is not None and slots is not None:
         keeps_up = target * carried(ahead * service, slots, slots) / slots
-        carry = max(carry, keeps_up)
+    carry = carry_now if keeps_up is None else max(carry_now, keeps_up)
     serve = serving(est, replicas, now, startup)
     throughput = serve * target / service  # tasks/s the serving replicas clear at the target
     spare = max(0.0, throughput - mean_ahead)
@@ -663,17 +663,19 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
             "slots for the rise: no worker reported its slots" if keeps_up is None else
             f"slots for the rise: the replicas whose {slots} slots each carry "
             f"{ahead * service:.3g} Erlangs and their mean queue (Erlang C) = "
-            f"{keeps_up:.3g} tasks at the target; carried is at least that, and it holds "
-            f"every scale-down"]),
+            f"{keeps_up:.3g} tasks at the target; it holds every scale-down"]),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         ("carried = load (no worker reported its slots)" if slots is None else
          "carried = load (at or above queued + in service, which bounds the size)"
          if bounded else
          f"carried = load: ceil(load / target) replicas ({slots} slots each) carry the "
-         f"load and its mean queue (Erlang C) within the target" if carry == load else
-         f"carried = {carry:.3g} tasks: ceil(load / target) replicas ({slots} slots "
+         f"load and its mean queue (Erlang C) within the target" if carry_now == load else
+         f"carried = {carry_now:.3g} tasks: ceil(load / target) replicas ({slots} slots "
          f"each) would carry more than {target} each with the load's mean queue (Erlang "
-         f"C); {carry / target:.0f} replicas carry no more"),
+         f"C); {carry_now / target:.0f} replicas carry no more"),
+        *([] if keeps_up is None or keeps_up <= carry_now else [
+            f"carried = the slots for the rise, {carry:.3g} tasks, more than the load "
+            f"read now needs"]),
         f"serving over the start-up = ready + starting ones for the part after they turn "
         f"ready = {serve:.3g} replicas",
         f"spare = max(0, serving x target / service - arrivals"
