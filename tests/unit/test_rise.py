@@ -101,9 +101,9 @@ def test_a_sustained_rise_sizes_the_slots_for_the_rate_a_replica_asked_now_meets
     assert need > ahead * 0.2  # one-slot workers queue: more replicas than Erlangs
     assert got.rising == math.ceil(need - 1e-9)
     assert got.effective >= got.rising, got.explain
-    assert any(line.startswith("a sustained rise: the rate read 90s apart")
+    assert any(line.startswith("a sustained rise: the rate read at least 90s apart")
                for line in got.explain), got.explain
-    assert any(line.startswith("slots for the rise: the replicas whose 1 slots")
+    assert any(line.startswith("slots for the rise: the fewest replicas of 1 slots each")
                for line in got.explain), got.explain
     assert any(line.startswith(f"carried = the slots for the rise, {got.rising} tasks")
                for line in got.explain), got.explain
@@ -149,3 +149,54 @@ def test_a_sustained_rise_holds_a_scale_down() -> None:
     calm = replace(hist, estimates=replace(EST, arrivals=_flat_reads(50.0, until=NOW - 10)))
     q = run(snap(inputs), {"p": calm}, settings=s).pool("p")
     assert q.desired_replicas < room, q.reason
+
+
+def _observed(est: Estimates, rate: Callable[[float], float], ticks: range) -> Estimates:
+    """``est`` after the plan's reads at ``NOW - k`` for ``k`` in ``ticks`` (seconds),
+    the arrival rate at each from ``rate``: the history `rise` reads, kept as the plan
+    keeps it."""
+    for k in ticks:
+        t = NOW - k
+        est = est.observe(Demand(0, 10, arrival_rate=rate(t), service_time=0.2,
+                                 completed=100), None, t, S)
+    return est
+
+
+def _ramp(t: float) -> float:
+    return 10.0 + 0.5 * (t - NOW + 600)  # 0.5/s per second, 10/s at 600 s before NOW
+
+
+@pytest.mark.parametrize("startup", [90.0, 91.0, 93.0, 41.0, 30.5, 60.2])
+def test_the_history_kept_reaches_back_to_every_read_a_rise_picks(startup: float) -> None:
+    # each pick lands up to a tick further back than a whole start-up: a start-up that
+    # is not a whole number of ticks needs that tick kept too
+    est = _observed(Estimates(service=0.2, service_at=NOW, startup=startup), _ramp,
+                    range(600, -1, -10))
+    got = rise(est.arrivals, NOW, startup, S)
+    assert got is not None
+    assert got[0] == pytest.approx(0.5)
+    oldest = min(t for t, _ in est.arrivals)
+    assert oldest >= NOW - RISE_WINDOWS * (startup + 2 * S.interval) - S.interval
+
+
+def test_a_replica_starting_longer_than_the_estimate_keeps_the_rise_read() -> None:
+    # the estimate says 30 s, a replica has been starting 120 s: the reads a rise picks
+    # are the estimate's span apart (the history was kept for it), and the rate ahead
+    # is read over the 120 s the start-up is at least
+    est = _observed(Estimates(service=0.2, service_at=NOW, startup=30.0,
+                              starting_since=(NOW - 120,)), _ramp, range(600, -1, -10))
+    demand = Demand(20, 12, arrival_rate=_ramp(NOW), service_time=0.2)
+    got = size(demand, est, replicas=14, target=1, s=S, now=NOW, slots=1)
+    assert got.rising > 0, got.explain
+    ahead = _ramp(NOW) + 0.5 * (S.rate_window / 2 + 120.0)
+    assert got.rising == math.ceil(carried(ahead * 0.2, 1, 1) - 1e-9)
+    assert any(line.startswith("a sustained rise: the rate read at least 30s apart")
+               for line in got.explain), got.explain
+
+
+def test_no_noise_bound_turns_the_read_off() -> None:
+    # headroom_sigmas 0 turns the headroom off; without a noise bound any three rises
+    # in a row would count, so it turns the read of a rise off too
+    reads = _reads(lambda t: 10.0 + 0.5 * t, 600)
+    assert rise(reads, 600.0, 90.0, S) is not None
+    assert rise(reads, 600.0, 90.0, replace(S, headroom_sigmas=0.0)) is None

@@ -197,9 +197,11 @@ def rise(arrivals: tuple[tuple[float, float], ...], now: float, span: float,
     than ``headroom_sigmas`` standard errors of the difference of two Poisson window
     means (``sqrt((a + b) / rate_window)``). The means of disjoint windows over a
     single burst or step rise at most twice (into the window it begins in, then into a
-    full one), so three rises are never one burst or step."""
-    if not arrivals or arrivals[-1][0] != now:
-        return None
+    full one), so three rises are never one burst or step. None when
+    ``headroom_sigmas`` is 0 (or less), which turns the headroom off too: without a
+    noise bound any three rises in a row would count."""
+    if not arrivals or arrivals[-1][0] != now or s.headroom_sigmas <= 0:
+        return None  # 0 sigmas turns the read off, as it does the headroom
     w = s.rate_window
     span = max(span, w)
     picked = [arrivals[-1]]
@@ -413,7 +415,12 @@ class Estimates:
         room = self.room_service
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
-        keep = RISE_WINDOWS * max(s.rate_window, self.startup_time(s)) + 2 * s.interval
+        # `rise` picks each read at least a span (the start-up's estimate, at least a
+        # rate window) before the one after it, so each pick can land up to a tick
+        # further back: keep RISE_WINDOWS spans and a tick each (two, for ticks that
+        # run late), and the read before the first
+        span = max(s.rate_window, startup if startup is not None else s.startup_default)
+        keep = RISE_WINDOWS * (span + 2 * s.interval) + s.interval
         arrivals = tuple((t, r) for t, r in self.arrivals if t >= now - keep)
         if demand is not None and demand.arrival_rate is not None:
             arrivals += ((now, demand.arrival_rate),)
@@ -590,7 +597,10 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         why = "arrival rate not read" if rate is None else "no task completed yet"
         lines.append(f"{why}: size for queued + running = {outstanding}")
         return Sizing(outstanding, tuple(lines), short=q > 0)
-    rising = rise(est.arrivals, now, startup, s) if now is not None else None
+    # the reads a start-up's estimate apart: a replica starting longer than it lengthens
+    # the horizon below, not the span the history was kept for
+    span = max(est.startup_time(s), s.rate_window)
+    rising = rise(est.arrivals, now, span, s) if now is not None else None
     ahead = mean_ahead = rate  # the rate a replica asked now meets; the mean until then
     if rising is not None:
         # the window's mean lags the rise by half a window, and a replica asked now
@@ -654,16 +664,16 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
          f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "
          f"service = {steady:.3g})"),
         *([] if rising is None else [
-            f"a sustained rise: the rate read {max(startup, s.rate_window):.3g}s apart "
-            f"(a start-up, at least a rate window) rose beyond {s.headroom_sigmas:g} "
+            f"a sustained rise: the rate read at least {span:.3g}s apart (the start-up's "
+            f"estimate, at least a rate window) rose beyond {s.headroom_sigmas:g} "
             f"standard errors each time ("
             + ", ".join(f"{r:.3g}" for r in rising[1]) + f"/s): {rising[0]:.3g}/s per "
             f"second; a replica asked now meets {ahead:.3g}/s (the window's half lag and "
             f"a start-up ahead), {mean_ahead:.3g}/s on average until then",
             "slots for the rise: no worker reported its slots" if keeps_up is None else
-            f"slots for the rise: the replicas whose {slots} slots each carry "
-            f"{ahead * service:.3g} Erlangs and their mean queue (Erlang C) = "
-            f"{keeps_up:.3g} tasks at the target; it holds every scale-down"]),
+            f"slots for the rise: the fewest replicas of {slots} slots each that carry "
+            f"{ahead * service:.3g} Erlangs between them and their mean queue (Erlang C) "
+            f"= {keeps_up:.3g} tasks at the target; it holds every scale-down"]),
         f"load = max(arrivals x service, in service) = {load:.3g} tasks",
         ("carried = load (no worker reported its slots)" if slots is None else
          "carried = load (at or above queued + in service, which bounds the size)"
