@@ -186,6 +186,13 @@ RISE_WINDOWS = 3
 the means of disjoint windows over one burst or step rise at most twice."""
 
 
+def rise_span(startup: float | None, s: PlanSettings) -> float:
+    """How far apart `rise` reads the rate: the start-up's estimate (the default until
+    one is measured), at least a rate window. `Estimates.observe` keeps the reads for
+    this span and `size` reads them at it: one figure, so the two cannot disagree."""
+    return max(s.rate_window, startup if startup is not None else s.startup_default)
+
+
 def rise(arrivals: tuple[tuple[float, float], ...], now: float, span: float,
          s: PlanSettings) -> tuple[float, tuple[float, ...]] | None:
     """The arrival rate's slope (tasks/s per second) on a sustained rise, and the reads
@@ -419,8 +426,7 @@ class Estimates:
         # rate window) before the one after it, so each pick can land up to a tick
         # further back: keep RISE_WINDOWS spans and a tick each (two, for ticks that
         # run late), and the read before the first
-        span = max(s.rate_window, startup if startup is not None else s.startup_default)
-        keep = RISE_WINDOWS * (span + 2 * s.interval) + s.interval
+        keep = RISE_WINDOWS * (rise_span(startup, s) + 2 * s.interval) + s.interval
         arrivals = tuple((t, r) for t, r in self.arrivals if t >= now - keep)
         if demand is not None and demand.arrival_rate is not None:
             arrivals += ((now, demand.arrival_rate),)
@@ -599,7 +605,7 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
         return Sizing(outstanding, tuple(lines), short=q > 0)
     # the reads a start-up's estimate apart: a replica starting longer than it lengthens
     # the horizon below, not the span the history was kept for
-    span = max(est.startup_time(s), s.rate_window)
+    span = rise_span(est.startup, s)
     rising = rise(est.arrivals, now, span, s) if now is not None else None
     ahead = mean_ahead = rate  # the rate a replica asked now meets; the mean until then
     if rising is not None:
