@@ -95,11 +95,47 @@ async def test_the_model_reads_rates_from_postgres_and_shows_its_steps(rig: Rig)
     # 3 running where 1.1/s x 2 s predicts 2.2: within the noise, read by their variances
     assert "in service: running 3 is within 2 sd of arrivals x service = 2.2" in text, text
     assert "size for ceil(min(queued + in service, carried + backlog)) = 3 tasks" in text, text
-    assert "headroom" not in text  # one rate read: no spread to size room on yet
-    await rig.tick(c)
-    text = "\n".join(msgspec.to_builtins(status_doc(c))["plan"]["pools"]["p"]["sizing"])
+    # the reads before this leadership are the task table's: a read every 10 s over
+    # 1,200 s, all empty (no task is older than a few seconds), then this tick's own
+    assert "reads from before this leadership: the task table's, read back over 1200s" \
+        in text, text
     assert "headroom: burst rates (most arrivals within one service time, read at 5s) " \
-        "over 600s: mean" in text, text
+        "over 600s: mean 0.11/s" in text, text  # 6.6/s in one read of 60
+
+
+async def test_a_new_leader_reads_the_arrivals_before_it_from_the_task_table(
+        rig: Rig) -> None:
+    """A failover in the middle of a rise: the new leader's first tick reads the rise
+    that began before it (a read needs three start-ups of history), from the tasks'
+    creation times."""
+    await rig.add_pool(replicas=2, growth_replicas=1000)
+    # 1/s rising to 100/s over the last 300 s, evenly spaced, each task done 0.5 s after
+    # it was created (or now)
+    await rig.db.execute("""
+        INSERT INTO tasks (pool_id, status, created_at, started_at, finished_at)
+        SELECT 'p', 'done', now() - make_interval(secs => a), now() - make_interval(secs => a),
+               now() - make_interval(secs => greatest(0, a - 0.5))
+        FROM (SELECT s + (i + 0.5) / n AS a
+              FROM generate_series(0, 299) AS s,
+                   LATERAL (SELECT round(1 + 99 * (1 - s / 300.0))::int AS n) AS r,
+                   LATERAL generate_series(0, n - 1) AS i) AS x""")
+
+    def sizing(c: object) -> str:
+        doc = msgspec.to_builtins(status_doc(c))  # type: ignore[arg-type]
+        return "\n".join(doc["plan"]["pools"]["p"]["sizing"])
+
+    a = rig.controller(scale_up_window=0)
+    assert (await rig.tick(a)).leader
+    await a.leadership.close()
+    b = rig.controller(scale_up_window=0)
+    res = await rig.tick(b)
+    assert res.leader and res.error is None and b.last_plan is not None
+    text = sizing(b)
+    assert "reads from before this leadership: the task table's" in text, text
+    assert "a sustained rise: the rate read at least 30s apart" in text, text
+    est = b.last_plan.pool("p").history.estimates
+    assert len(est.arrivals) > 4 and est.read_back_at is not None
+    assert b.last_plan.pool("p").history.samples[:-1] == ()  # the windows start afresh
 
 
 async def test_scale_down_drains_k_workers_then_removes_them_at_once(rig: Rig) -> None:

@@ -12,8 +12,10 @@ A tick as leader:
 A follower reads the plan the leader published, so any replica's /status shows it.
 The demand history that the windows need lives in the leader's memory and starts empty
 on every new leadership: a new leader must observe a window itself before it acts on it.
-Only each pool's replica start-up time carries over, published with the plan
-(docs/architecture.md, "What a new leader remembers").
+Each pool's replica start-up time carries over, published with the plan
+(docs/architecture.md, "What a new leader remembers"), and the arrival reads the
+demand model's estimates rest on are read back once from the task table ("What a new
+leader reads back").
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from roost.controller.inputs import DB_ERRORS, RateReads, read_snapshot
 from roost.controller.leadership import Leadership, LeadershipError
 from roost.controller.metrics import ControllerMetrics
 from roost.controller.orchestrator import Orchestrator
-from roost.decide.plan import Plan, PoolHistory, plan, remembered
-from roost.decide.snapshot import Demand
+from roost.decide.demand import read_back_span
+from roost.decide.plan import Plan, PoolHistory, plan, read_back, remembered
+from roost.decide.snapshot import Demand, PastArrivals
 from roost.store import fenced, runtime
 from roost.store.errors import StaleEpoch
 
@@ -85,6 +88,9 @@ class Controller:
         self._remembered: dict[str, tuple[float, str | None]] = {}
         """The previous leadership's start-up estimate per pool, with the release it was
         published for: read when this leadership began and used on its first tick."""
+        self._past: tuple[float, dict[str, PastArrivals]] | None = None
+        """Each pool's tasks before this leadership, and when they were read (the
+        leader's clock): read when it began and used on its first tick."""
         self.wake = asyncio.Event()
         """Set to end the wait between ticks early: stop, this controller has just become
         leader, or tasks for an idle pool."""
@@ -223,6 +229,24 @@ class Controller:
         return {r.pool_id: (r.startup, r.startup_revision) for r in rows
                 if r.startup is not None}
 
+    async def _read_past(self) -> tuple[float, dict[str, PastArrivals]] | None:
+        """Each pool's tasks as far back as a leader reading all along would still hold
+        them, so that the new leader's estimates start from them (`plan.read_back`). A
+        failed read costs only that: the leader reads the arrivals afresh, as it did
+        before this was read."""
+        s = self.settings
+        span = s.rate_window + max(read_back_span(x, s) for x in
+                                   [None, *(got[0] for got in self._remembered.values())])
+        try:
+            async with self.db.acquire() as conn:
+                past = await runtime.read_past(conn, span, grain=s.peak_grain,
+                                               timeout=self.config.io_timeout)
+        except DB_ERRORS as e:
+            log.warning("could not read the arrivals before this leadership (%s): "
+                        "reading them afresh", e)
+            return None
+        return self.clock.time(), past
+
     async def _lead(self, result: TickResult) -> None:
         epoch = self.leadership.epoch
         assert epoch is not None
@@ -231,6 +255,7 @@ class Controller:
             self._epoch_seen = epoch
             self._rates_read_at = None
             self._remembered = await self._read_remembered()
+            self._past = await self._read_past()
         s = self.settings
         read_at = self.clock.monotonic()
         # the peak is read since the previous read (the interval on a first read), so
@@ -252,6 +277,10 @@ class Controller:
                 # a new release may start differently: measured again
                 and got[1] == x.spec.expected_revision})
             self._remembered = {}
+        if self._past is not None:
+            self.history = read_back(self.history, self._past[1], now=self._past[0],
+                                     settings=s)
+            self._past = None
         p = plan(snapshot, self.history, now=now, settings=self.settings)
         self.history = p.history
         self.last_plan = result.plan = p

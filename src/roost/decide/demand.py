@@ -176,7 +176,7 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 
-from roost.decide.snapshot import Demand, Infra, PlanSettings
+from roost.decide.snapshot import Demand, Infra, PastArrivals, PlanSettings
 
 STARTUP_WEIGHT = 0.3
 """Weight of a new start-up sample in the start-up time's moving average."""
@@ -191,6 +191,22 @@ def rise_span(startup: float | None, s: PlanSettings) -> float:
     one is measured), at least a rate window. `Estimates.observe` keeps the reads for
     this span and `size` reads them at it: one figure, so the two cannot disagree."""
     return max(s.rate_window, startup if startup is not None else s.startup_default)
+
+
+def rise_keep(startup: float | None, s: PlanSettings) -> float:
+    """How long `Estimates.observe` keeps the arrival reads: `rise` picks each read at
+    least a span before the one after it, so each pick can land up to a tick further
+    back. `RISE_WINDOWS` spans and a tick each (two, for ticks that run late), and the
+    read before the first."""
+    return RISE_WINDOWS * (rise_span(startup, s) + 2 * s.interval) + s.interval
+
+
+def read_back_span(startup: float | None, s: PlanSettings) -> float:
+    """How far back a new leader reads a pool's arrivals (`Estimates.read_back`): as far
+    as a leader reading all along would still hold them. The headroom's reads reach
+    back one headroom window and a recurrence they show holds one more
+    (`Estimates.recurred`); the rise's reads reach back `rise_keep`."""
+    return max(2 * s.headroom_window, rise_keep(startup, s))
 
 
 def rise(arrivals: tuple[tuple[float, float], ...], now: float, span: float,
@@ -383,6 +399,32 @@ class Estimates:
     arrivals: tuple[tuple[float, float], ...] = ()
     """``(time, arrival rate)`` as read, over the last `RISE_WINDOWS` start-ups (each at
     least a rate window) and two ticks more (`rise`)."""
+    read_back_at: tuple[float, float] | None = None
+    """When this leadership read the arrivals before it back from the task table, and
+    how far back (`read_back`): /status says so while reads from before it are in use."""
+
+    def read_back(self, past: PastArrivals, now: float, s: PlanSettings) -> Estimates:
+        """These estimates as a leader reading the pool every ``interval`` until ``now``
+        would have left them, from its tasks in ``past`` (the read at ``now`` is the
+        tick's own). A new leader starts its service time, headroom, recurring bursts
+        and sustained rise from the task table rather than from nothing. Only what the
+        task table shows: the start-up and the replicas starting are the orchestrator's,
+        read live. ``past`` must be counted at ``peak_grain``, the grain the peak is
+        read at."""
+        if s.interval <= 0:
+            return self
+        reach = min(read_back_span(self.startup, s), past.span - s.rate_window)
+        # the peak of each read is over the time since the previous read, as live
+        since = min(max(s.interval, s.peak_grain), s.rate_window)
+        ticks = max(0, math.floor(reach / s.interval + 1e-9))
+        est = self
+        for j in range(ticks, 0, -1):
+            age = j * s.interval
+            created, completed, ran = past.between(age, age + s.rate_window)
+            read = Demand(0, 0, created / s.rate_window, ran / completed if completed else None,
+                          past.busiest(age, age + since) / past.grain, completed)
+            est = est.observe(read, None, now - age, s)
+        return replace(est, read_back_at=(now, ticks * s.interval)) if ticks else est
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
                 s: PlanSettings) -> Estimates:
@@ -422,17 +464,13 @@ class Estimates:
         room = self.room_service
         if service is not None and demand is not None and demand.service_time is not None:
             room = room_service(room, service, demand.arrival_rate, s)
-        # `rise` picks each read at least a span (the start-up's estimate, at least a
-        # rate window) before the one after it, so each pick can land up to a tick
-        # further back: keep RISE_WINDOWS spans and a tick each (two, for ticks that
-        # run late), and the read before the first
-        keep = RISE_WINDOWS * (rise_span(startup, s) + 2 * s.interval) + s.interval
+        keep = rise_keep(startup, s)
         arrivals = tuple((t, r) for t, r in self.arrivals if t >= now - keep)
         if demand is not None and demand.arrival_rate is not None:
             arrivals += ((now, demand.arrival_rate),)
         out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
                         self.recurred, weight, now if infra is not None else self.read_at,
-                        remembered, arrivals)
+                        remembered, arrivals, self.read_back_at)
         peak = out.peak_rate(s)
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
@@ -665,6 +703,10 @@ def size(demand: Demand, est: Estimates, *, replicas: int, target: int,
            f" (busiest {s.peak_grain:g}s: {demand.arrival_peak:.3g}/s)")
         + f", service {service:.3g}s (weight {est.service_weight:.0f}: the completions "
         f"read, fading over {s.service_smoothing:g}s), start-up {startup:.3g}s ({known})",
+        *([] if (back := est.read_back_at) is None or not any(
+            t < back[0] for t, _ in est.rates + est.arrivals) else [
+            f"reads from before this leadership: the task table's, read back over "
+            f"{back[1]:.0f}s when it began (a read every {s.interval:g}s, as live)"]),
         (f"in service: running {x} is within {s.headroom_sigmas:g} sd of arrivals x service "
          f"= {steady:.3g}: read as their inverse-variance mean = {busy:.3g}" if agree else
          f"in service: running {x} (not within {s.headroom_sigmas:g} sd of arrivals x "

@@ -35,6 +35,7 @@ from roost.decide.caps import Growth, GrowthAsk, allocate_growth, db_worker_budg
 from roost.decide.demand import Estimates, Sizing, size
 from roost.decide.drain import MarkDraining, ScaleUp, Step, decide_drain, fresh
 from roost.decide.snapshot import (
+    PastArrivals,
     PlanSettings,
     PoolInputs,
     PoolSpec,
@@ -438,6 +439,20 @@ def remembered(history: Mapping[str, PoolHistory], startups: Mapping[str, float]
         if pool_id not in out and startup >= 0:
             out[pool_id] = PoolHistory(estimates=Estimates(startup=startup,
                                                            startup_remembered=True))
+    return out
+
+
+def read_back(history: Mapping[str, PoolHistory], past: Mapping[str, PastArrivals], *,
+              now: float, settings: PlanSettings) -> dict[str, PoolHistory]:
+    """``history`` with the estimates of each pool in ``past`` that has read no arrivals
+    yet started from its tasks before ``now`` (`Estimates.read_back`): what a new leader
+    reads once from the task table. The windows the plan acts on (its samples, levels,
+    growth and drains) are not read back: a new leader observes them itself."""
+    out = dict(history)
+    for pool_id, tasks in past.items():
+        h = out.get(pool_id, PoolHistory())
+        if not h.estimates.rates and not h.estimates.arrivals:
+            out[pool_id] = replace(h, estimates=h.estimates.read_back(tasks, now, settings))
     return out
 
 

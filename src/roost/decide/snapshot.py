@@ -13,6 +13,7 @@ Times are float seconds since the epoch, the same clock as ``now``.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -105,6 +106,39 @@ class Demand:
     @property
     def outstanding(self) -> int:
         return self.queued + self.running
+
+
+@dataclass(frozen=True, slots=True)
+class PastArrivals:
+    """One pool's tasks over the last ``span`` seconds, counted by age in buckets of
+    ``grain`` seconds: bucket ``k`` holds what happened ``k x grain`` to ``(k + 1) x
+    grain`` seconds before the read. A new leader reads them once from the task table
+    so that its demand estimates start from the arrivals it did not see itself
+    (`roost.decide.demand.Estimates.read_back`)."""
+
+    grain: float
+    span: float
+    created: tuple[int, ...] = ()
+    """Tasks created, per bucket."""
+    completed: tuple[int, ...] = ()
+    """Tasks completed (done, having started), per bucket of their finish."""
+    ran: tuple[float, ...] = ()
+    """The run times of those completed tasks, summed per bucket, seconds."""
+
+    def between(self, young: float, old: float) -> tuple[int, int, float]:
+        """Created, completed and their summed run time from ``young`` to ``old``
+        seconds before the read: the buckets whose middle falls in that span (exactly
+        those within it when both ends are whole buckets)."""
+        lo = max(0, math.ceil(young / self.grain - 0.5))
+        hi = max(lo, math.ceil(old / self.grain - 0.5))
+        return (sum(self.created[lo:hi]), sum(self.completed[lo:hi]), sum(self.ran[lo:hi]))
+
+    def busiest(self, young: float, old: float) -> int:
+        """The most tasks created in one bucket from ``young`` to ``old`` seconds before
+        the read (buckets as in `between`)."""
+        lo = max(0, math.ceil(young / self.grain - 0.5))
+        hi = max(lo, math.ceil(old / self.grain - 0.5))
+        return max(self.created[lo:hi], default=0)
 
 
 @dataclass(frozen=True, slots=True)

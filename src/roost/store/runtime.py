@@ -7,11 +7,12 @@ workers is a handful of round trips.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from roost.decide.snapshot import DbHealth, Demand, WorkerStatus, WorkerView
+from roost.decide.snapshot import DbHealth, Demand, PastArrivals, WorkerStatus, WorkerView
 from roost.store.timeconv import from_ts
 
 
@@ -66,6 +67,45 @@ async def read_rates(conn: Any, window: float, *, grain: float, span: float,
                             peaks.get(str(r["pool_id"]), 0.0))
         for r in rows
     }
+
+
+_PAST = """
+SELECT pool_id, false AS finish, k, count(*) AS n, NULL::float8 AS ran
+FROM (SELECT pool_id, floor(extract(epoch FROM now() - created_at) / $2)::int AS k
+      FROM tasks
+      WHERE created_at > now() - make_interval(secs => $1) AND created_at <= now()) AS c
+GROUP BY pool_id, k
+UNION ALL
+SELECT pool_id, true, k, count(*), sum(ran)
+FROM (SELECT pool_id, floor(extract(epoch FROM now() - finished_at) / $2)::int AS k,
+             extract(epoch FROM finished_at - started_at) AS ran
+      FROM tasks
+      WHERE finished_at > now() - make_interval(secs => $1) AND finished_at <= now()
+        AND status = 'done' AND started_at IS NOT NULL) AS d
+GROUP BY pool_id, k
+"""
+
+
+async def read_past(conn: Any, span: float, *, grain: float,
+                    timeout: float | None = None) -> dict[str, PastArrivals]:
+    """Per pool: its tasks created and completed over the last ``span`` seconds (on the
+    database's clock), counted by age in buckets of ``grain`` seconds, in one statement
+    (one ``now()``). A pool with no task in the span is absent: it had no arrivals."""
+    n = max(1, math.ceil(span / grain))
+    created: dict[str, list[int]] = defaultdict(lambda: [0] * n)
+    completed: dict[str, list[int]] = defaultdict(lambda: [0] * n)
+    ran: dict[str, list[float]] = defaultdict(lambda: [0.0] * n)
+    for r in await conn.fetch(_PAST, float(span), float(grain), timeout=timeout):
+        pool, k = str(r["pool_id"]), int(r["k"])
+        if not 0 <= k < n:
+            continue  # the span's own edge, to the float
+        if r["finish"]:
+            completed[pool][k] += int(r["n"])
+            ran[pool][k] += float(r["ran"])
+        else:
+            created[pool][k] += int(r["n"])
+    return {pool: PastArrivals(grain, span, tuple(created[pool]), tuple(completed[pool]),
+                               tuple(ran[pool])) for pool in set(created) | set(completed)}
 
 
 async def read_workers(
