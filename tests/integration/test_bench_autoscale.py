@@ -18,15 +18,22 @@ import pytest
 from click.testing import CliRunner
 
 from roost.bench.autoscale import (
+    EPOCH,
     POLICIES,
+    POOL,
     WORLDCUP98,
     WORLDCUP_FILE,
+    Pool,
+    RoostPolicy,
     SimConfig,
     autoscale,
+    make_workload,
     run,
+    simulate,
 )
 from roost.bench.suite import UNSEEN_SHAPES, curves, label_held_out
 from roost.bench.traces import default_data_dir
+from roost.decide.plan import plan
 from tests.traces import write_traces
 
 METRICS = ("queue_wait_p50", "queue_wait_p99", "slo_minutes_share", "replica_seconds",
@@ -403,3 +410,56 @@ def test_a_pools_own_scale_down_window_in_the_bench(tmp_path: Path) -> None:
     assert "its own scale-down window of 120 s" in (out / "suite.md").read_text()
     bad = CliRunner().invoke(autoscale, [*args, "--pool-down-window", "3601"])
     assert bad.exit_code == 2 and "--pool-down-window" in bad.output
+
+
+def test_a_change_of_leader_reads_back_the_reads_the_old_one_made() -> None:
+    """``--failover-every``: a new leader in the simulation reads the arrivals back from
+    the tasks as the controller does, and gets the arrival reads the old leader made,
+    read for read (the service and burst figures are within a bucket's alignment)."""
+    rates = [2.0, 2.0, 9.0, 1.0, 9.0, 4.0, 6.0, 2.0] * 3
+    cfg = SimConfig(slots=2, target_per_replica=2, startup=20.0, seed=3,
+                    failover_every=1e9)  # keeps the completions; never changes leader
+    work = make_workload(rates, service_mean=0.5, service_sigma=0.6, seed=3)
+    compared: list[int] = []
+
+    class Checked(RoostPolicy):
+        def tick(self, pool: Pool) -> None:
+            super().tick(pool)
+            if pool.now > 1240 and len(compared) < 15:
+                now = EPOCH + pool.now
+                fresh = RoostPolicy(cfg)
+                fresh.history = self.history
+                fresh.new_leader(pool, now)  # then its first tick, on the same read
+                new = plan(fresh.snapshot(pool, now), fresh.history, now=now,
+                           settings=fresh.settings).history[POOL].estimates
+                old = self.history[POOL].estimates
+                assert [x for pair in new.arrivals for x in pair] == pytest.approx(
+                    [x for pair in old.arrivals for x in pair])
+                assert [t for t, _ in new.rates] == pytest.approx([t for t, _ in old.rates])
+                assert new.startup == old.startup and new.startup_remembered
+                assert new.service == pytest.approx(old.service, rel=0.05)
+                compared.append(len(new.arrivals))
+
+    simulate(work, Checked(cfg), cfg)
+    assert len(compared) == 15 and min(compared) > 4
+
+
+def test_failover_every_changes_the_leader_of_a_trace(tmp_path: Path) -> None:
+    """With the arrivals read back, a change of leader every 300 s leaves a spike train's
+    SLO as it was; without, each new leader has seen too few bursts to hold room for
+    the next (docs/benchmarks.md has the suite's figures)."""
+    def share(*args: str) -> float:
+        result = CliRunner().invoke(autoscale, [
+            "--data-dir", str(tmp_path / "none"), "--trace", "spike-train:100:90:0.2",
+            "--trace-between", "0:0", *args])
+        assert result.exit_code == 0, result.output
+        found = re.search(r"SLO minutes ([\d.]+) %", result.output)
+        assert found, result.output
+        return float(found[1])
+
+    steady = share()
+    assert share("--failover-every", "300") >= steady
+    assert share("--failover-every", "300", "--no-read-back") < steady
+    bad = CliRunner().invoke(autoscale, ["--data-dir", str(tmp_path / "none"),
+                                         "--no-read-back", "--quick"])
+    assert bad.exit_code == 2 and "--no-read-back only with --failover-every" in bad.output

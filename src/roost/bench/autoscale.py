@@ -58,8 +58,9 @@ from rich.table import Table
 
 from roost.bench.report import fmt, machine, markdown_table, write_json
 from roost.bench.traces import default_data_dir
+from roost.decide.demand import read_back_span
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
-from roost.decide.plan import Plan, PoolHistory, plan
+from roost.decide.plan import Plan, PoolHistory, plan, read_back, remembered
 from roost.decide.snapshot import (
     MAX_SCALE_DOWN_WINDOW,
     DbHealth,
@@ -67,6 +68,7 @@ from roost.decide.snapshot import (
     Infra,
     InstanceView,
     NodeFigures,
+    PastArrivals,
     PlanSettings,
     PoolInputs,
     PoolSpec,
@@ -213,6 +215,12 @@ class SimConfig:
     pool_down_window: int | None = None
     """The pool's own scale-down window (`PoolSpec.scale_down_window`) for roost; None:
     the controller's."""
+    failover_every: float | None = None
+    """roost's controller changes leader this often (seconds): its history starts afresh
+    with the start-up remembered, as a new leadership's; None: never."""
+    read_back: bool = True
+    """On a change of leader, the new one reads the arrivals before it back from the
+    tasks (`roost.decide.plan.read_back`), as the controller does."""
 
 
 class Pool:
@@ -239,6 +247,9 @@ class Pool:
         self.peak_replicas = initial
         self.completions: deque[tuple[float, float]] = deque()
         """(finish time, service seconds) of recent completions, for the estimate."""
+        self.finished: deque[tuple[float, float]] = deque()
+        """The same, over as long as a new leader reads back (`past`); kept only when
+        the controller changes leader."""
         self._last = 0.0
         self._add(initial, ready_at=0.0)
         self.target = initial
@@ -300,6 +311,24 @@ class Pool:
             buckets = np.floor((EPOCH + arrivals[since:hi]) / grain).astype(np.int64)
             peak = float(np.bincount(buckets - buckets[0]).max()) / grain
         return (hi - lo) / window, service, len(self.completions), peak
+
+    def past(self, span: float, grain: float) -> PastArrivals:
+        """What the store's `runtime.read_past` reads: the tasks created and completed
+        over the last ``span`` seconds, counted by age in buckets of ``grain``."""
+        n = max(1, math.ceil(span / grain))
+        arrivals = self.work.arrivals
+        lo = int(np.searchsorted(arrivals, self.now - span, side="right"))
+        hi = int(np.searchsorted(arrivals, self.now, side="right"))
+        created = np.bincount(((self.now - arrivals[lo:hi]) // grain).astype(np.int64),
+                              minlength=n)[:n]
+        while self.finished and self.finished[0][0] <= self.now - span:
+            self.finished.popleft()
+        done = np.asarray(self.finished, dtype=np.float64).reshape(-1, 2)
+        ages = ((self.now - done[:, 0]) // grain).astype(np.int64)
+        completed = np.bincount(ages, minlength=n)[:n]
+        ran = np.bincount(ages, weights=done[:, 1], minlength=n)[:n]
+        return PastArrivals(grain, span, tuple(int(x) for x in created),
+                            tuple(int(x) for x in completed), tuple(float(x) for x in ran))
 
     def _record(self, before: int, after: int) -> None:
         if after != before:
@@ -383,6 +412,8 @@ class RoostPolicy:
         self.node = NodeFigures("sim-node", 10_000_000, 100_000_000, 0, 0)
         # the simulated controller reads at its own tick (`PlanSettings.interval`)
         self.settings = replace(cfg.settings, interval=cfg.interval)
+        self.leaderships = 0
+        """Changes of the controller's leader so far (`SimConfig.failover_every`)."""
 
     def snapshot(self, pool: Pool, now: float) -> Snapshot:
         queued, running = pool.outstanding()
@@ -408,8 +439,23 @@ class RoostPolicy:
                             tuple(views), infra)
         return Snapshot((inputs,), db, now)
 
+    def new_leader(self, pool: Pool, now: float) -> None:
+        """What a change of the controller's leader leaves the plan: its history afresh,
+        the start-up remembered (published with the plan) and, as the controller does,
+        the arrivals before it read back from the tasks (`roost.decide.plan.read_back`)."""
+        s = self.settings
+        startup = self.history[POOL].estimates.startup if POOL in self.history else None
+        self.history = remembered({}, {} if startup is None else {POOL: startup})
+        if self.cfg.read_back:
+            past = pool.past(s.rate_window + read_back_span(startup, s), s.peak_grain)
+            self.history = read_back(self.history, {POOL: past}, now=now, settings=s)
+
     def tick(self, pool: Pool) -> None:
         now = EPOCH + pool.now
+        every = self.cfg.failover_every
+        if every is not None and pool.now >= every * (self.leaderships + 1):
+            self.leaderships += 1
+            self.new_leader(pool, now)
         snap = self.snapshot(pool, now)
         p = plan(snap, self.history, now=now, settings=self.settings)
         if self.on_plan is not None:
@@ -526,6 +572,8 @@ def simulate(work: Workload, policy: Policy, cfg: SimConfig,
                 pool.offer(w)
             pool.done += 1
             pool.completions.append((pool.now, float(work.service[task])))
+            if cfg.failover_every is not None:
+                pool.finished.append(pool.completions[-1])
             pool.dispatch()
         elif kind == READY:
             w = pool.workers.get(payload)
@@ -788,6 +836,14 @@ def _between(text: str) -> tuple[float, float]:
               "HPA's (at --phase). Writes no file.")
 @click.option("--trace-between", default=None, metavar="FROM:TO",
               help="With --trace: only the ticks between these seconds (e.g. 0:300).")
+@click.option("--failover-every", type=click.FloatRange(1.0, max_open=False), default=None,
+              metavar="SECONDS",
+              help="roost's controller changes leader this often: the new leader's history "
+              "starts afresh, with the start-up remembered and the arrivals before it read "
+              "back from the tasks, as the controller's (default: never).")
+@click.option("--no-read-back", is_flag=True,
+              help="With --failover-every: the new leader does not read the arrivals back "
+              "(the controller before it did), to measure what reading them back is worth.")
 def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[str, ...],
               peak: float, minutes: int, start: int | None, service_mean: float,
               service_sigma: float, slots: int, target_per_replica: int, startup: float,
@@ -797,8 +853,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
               json_out: Path | None, quick: bool, suite: bool, full: bool, only: str | None,
               peaks: str | None, services: str | None, baselines: Path | None,
               held_out: bool, unseen: bool, phase_count: int, out_dir: Path,
-              trace: str | None,
-              trace_between: str | None) -> None:
+              trace: str | None, trace_between: str | None,
+              failover_every: float | None, no_read_back: bool) -> None:
     """Replay a per-minute demand curve against roost's plan, HPA and KEDA."""
     if not suite:  # said rather than ignored: the run would not be the one asked for
         given = [flag for flag, on in (
@@ -808,13 +864,16 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
             ("--phases", phase_count > 1)) if on]
         if given:
             raise click.UsageError(f"{', '.join(given)} only with --suite")
+    if no_read_back and failover_every is None:
+        raise click.UsageError("--no-read-back only with --failover-every")
     if trace is not None:
         from roost.bench.suite_cli import trace_point
 
         trace_point(data_dir or default_data_dir(), seed=seed, point=trace,
                     between=None if trace_between is None else _between(trace_between),
                     phase=phase, pool_down_window=pool_down_window,
-                    service_sigma=service_sigma, slots=slots, target=target_per_replica)
+                    service_sigma=service_sigma, slots=slots, target=target_per_replica,
+                    failover_every=failover_every, read_back=not no_read_back)
         return
     if suite:
         from roost.bench.suite_cli import run_suite
@@ -825,7 +884,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                   services=None if services is None else _floats(services, "--services"),
                   baselines=baselines, held_out=held_out, phase_count=phase_count,
                   unseen=unseen, pool_down_window=pool_down_window,
-                  service_sigma=service_sigma, slots=slots, target=target_per_replica)
+                  service_sigma=service_sigma, slots=slots, target=target_per_replica,
+                  failover_every=failover_every, read_back=not no_read_back)
         return
     if demand_path is None:
         demand_path = (data_dir or default_data_dir()) / WORLDCUP98 / WORLDCUP_FILE
@@ -847,7 +907,8 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
                             small_pool_replicas=small_pool_replicas)
     cfg = SimConfig(slots=slots, target_per_replica=target_per_replica, startup=startup,
                     interval=interval, settings=settings, seed=seed, phase=phase,
-                    pool_down_window=pool_down_window)
+                    pool_down_window=pool_down_window, failover_every=failover_every,
+                    read_back=not no_read_back)
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} tasks"), TimeElapsedColumn(),
@@ -874,6 +935,9 @@ def autoscale(demand_path: Path | None, data_dir: Path | None, policies: tuple[s
             "seed": seed, "phase": phase,
             **({} if pool_down_window is None else
                {"roost_pool_scale_down_window": pool_down_window}),
+            **({} if failover_every is None else
+               {"roost_failover_every": failover_every,
+                "roost_read_back": not no_read_back}),
         },
         "machine": machine(),
         "demand_per_minute": [round(r, 3) for r in rates],

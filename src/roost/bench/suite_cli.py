@@ -50,12 +50,14 @@ MAX_REPLICAS = 5000
 
 
 def suite_config(seed: int, *, pool_down_window: int | None, slots: int,
-                 target: int) -> SimConfig:
+                 target: int, failover_every: float | None = None,
+                 read_back: bool = True) -> SimConfig:
     """The simulation every policy runs in, for a suite run and a trace alike (each
     point sets its own start-up)."""
     return SimConfig(min_replicas=1, max_replicas=MAX_REPLICAS, seed=seed,
                      pool_down_window=pool_down_window, slots=slots,
-                     target_per_replica=target)
+                     target_per_replica=target, failover_every=failover_every,
+                     read_back=read_back)
 
 
 def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
@@ -65,7 +67,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
               phase_count: int = 1, unseen: bool = False,
               pool_down_window: int | None = None,
               service_sigma: float = SERVICE_SIGMA, slots: int = SLOTS,
-              target: int = TARGET_PER_REPLICA) -> dict[str, Any]:
+              target: int = TARGET_PER_REPLICA, failover_every: float | None = None,
+              read_back: bool = True) -> dict[str, Any]:
     console = Console(stderr=True)
     kept = {}
     if baselines is not None:
@@ -96,7 +99,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
                               or (slots, target) != WORKERS)
     for note in missing:
         console.print(f"[yellow]{note}[/]")
-    base = suite_config(seed, pool_down_window=pool_down_window, slots=slots, target=target)
+    base = suite_config(seed, pool_down_window=pool_down_window, slots=slots, target=target,
+                        failover_every=failover_every, read_back=read_back)
     at = phases(phase_count)
     rows = []
     total = sum(len(c.points) for c in todo)
@@ -127,6 +131,8 @@ def run_suite(data_dir: Path, out_dir: Path, *, full: bool, seed: int,
             "services": sorted(services) if services else None,
             "service_sigma": service_sigma,
             "held_out": held_out, "unseen_shapes": unseen, "phases": list(at),
+            **({} if failover_every is None else
+               {"roost_failover_every": failover_every, "roost_read_back": read_back}),
         },
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
@@ -175,7 +181,8 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
                 between: tuple[float, float] | None = None,
                 phase: float = 0.0, pool_down_window: int | None = None,
                 service_sigma: float = SERVICE_SIGMA, slots: int = SLOTS,
-                target: int = TARGET_PER_REPLICA) -> dict[str, Any]:
+                target: int = TARGET_PER_REPLICA, failover_every: float | None = None,
+                read_back: bool = True) -> dict[str, Any]:
     """Replay one point of the suite under roost and print the plan at every tick (what
     `/status` shows a live controller's operator: demand, the decision and its reason,
     the demand model's steps), from ``between[0]`` to ``between[1]`` seconds; then the
@@ -189,7 +196,8 @@ def trace_point(data_dir: Path, *, seed: int, point: str,
         hint = f" ({'; '.join(missing)})" if missing else ""
         raise click.ClickException(
             f"no such curve: {name} (one of {', '.join(c.name for c in todo)}){hint}")
-    base = suite_config(seed, pool_down_window=pool_down_window, slots=slots, target=target)
+    base = suite_config(seed, pool_down_window=pool_down_window, slots=slots, target=target,
+                        failover_every=failover_every, read_back=read_back)
     work = found[0].make(pt, seed)
     cfg = replace(base, startup=pt.startup, phase=phase)
     lo, hi = between if between is not None else (0.0, float("inf"))
