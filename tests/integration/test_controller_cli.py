@@ -157,3 +157,66 @@ async def test_pools_refuse_bounds_that_could_never_scale(pg_dsn: str) -> None:
     [row] = json.loads(named.output)
     assert (row["orchestrator_ref"], row["expected_revision"]) == ("default", "default")
     assert row["scale_down_window"] == 0
+
+
+async def test_pools_refuse_integers_their_columns_cannot_hold(pg_dsn: str) -> None:
+    """Postgres ``integer`` columns stop at 2^31 - 1: past it is refused with the field's
+    range, not a traceback out of asyncpg, and an update changes nothing."""
+    assert (await invoke(db, "migrate", "--dsn", pg_dsn)).exit_code == 0
+    env = {"ROOST_DSN": pg_dsn}
+    base = {"--max": "8", "--target": "4", "--cpu-milli": "500", "--memory-mib": "1024",
+            "--db-pool-size": "3", "--orchestrator": "static"}
+    big = "2147483648"
+    for flag, words in [
+        ("--max", "max_replicas must be within 0..2147483647 (got 2147483648)"),
+        ("--target", "target_per_replica must be within 1..2147483647 (got 2147483648)"),
+        ("--cpu-milli", "worker_cpu_milli must be within 1..2147483647"),
+        ("--memory-mib", "worker_mem_mib must be within 1..2147483647"),
+        ("--db-pool-size", "worker_db_pool_size must be within 0..2147483647"),
+        ("--growth-replicas", "growth_replicas must be within 1..2147483647"),
+        ("--growth-percent", "growth_percent must be within 0..2147483647"),
+        ("--disruption-replicas", "disruption_replicas must be within 1..2147483647"),
+        ("--disruption-percent", "disruption_percent must be within 0..100"),
+    ]:
+        args = [a for k, v in {**base, flag: big}.items() for a in (k, v)]
+        res = await invoke(pools, "create", "huge", *args, env=env)
+        assert res.exit_code == 1 and f"Error: {words}" in res.output, (flag, res.output)
+        assert "Traceback" not in res.output
+    made = await invoke(pools, "create", "ok", *[a for kv in base.items() for a in kv],
+                        "--max", "2147483647", env=env)
+    assert made.exit_code == 0, made.output
+    for flag in ("--max", "--growth-replicas", "--disruption-replicas", "--target",
+                 "--cpu-milli"):
+        res = await invoke(pools, "update", "ok", flag, "99999999999999999999", env=env)
+        assert res.exit_code == 1 and "must be within" in res.output, (flag, res.output)
+    listed = await invoke(pools, "list", "--json", env=env)
+    [row] = json.loads(listed.output)
+    assert (row["pool_id"], row["max_replicas"], row["growth_replicas"],
+            row["target_per_replica"]) == ("ok", 2147483647, 4, 4)
+
+
+async def test_pools_say_the_rule_a_pool_id_breaks(pg_dsn: str) -> None:
+    assert (await invoke(db, "migrate", "--dsn", pg_dsn)).exit_code == 0
+    res = await invoke(pools, "create", "Bad_Name", "--max", "8", "--target", "4",
+                       "--cpu-milli", "500", "--memory-mib", "1024", "--db-pool-size", "3",
+                       "--orchestrator", "static", "--dsn", pg_dsn)
+    assert res.exit_code == 1, res.output
+    assert ("Error: pool id 'Bad_Name' must be 1 to 63 lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit") in res.output
+
+
+async def test_a_bad_dsn_is_an_error_that_never_shows_the_password() -> None:
+    for dsn, words in [
+        ("not a dsn", 'scheme is expected to be either "postgresql" or "postgres"'),
+        ("postgresql://x@127.0.0.1:99999/x", "port must be 0-65535"),
+        ("postgresql://u:s3cret@127.0.0.1:99999/x", "port must be 0-65535"),
+        ("postgresql://u:s3cret@127.0.0.1:s3cret/x", "invalid literal for int()"),
+        ("postgresql://u@127.0.0.1:99999/x?password=s3cret", "port must be 0-65535"),
+        ("postgresql://u:s3cret@127.0.0.1/x?sslmode=sometimes", "sslmode"),
+    ]:
+        for cmd, args in [(pools, ["list"]), (pools, ["delete", "p"]), (db, ["migrate"])]:
+            res = await invoke(cmd, *args, "--dsn", dsn)
+            assert res.exit_code == 1, (dsn, args, res.output, res.exception)
+            assert res.output.startswith("Error: --dsn is not a usable Postgres DSN: "), (
+                dsn, args, res.output)
+            assert words in res.output and "s3cret" not in res.output, (dsn, res.output)

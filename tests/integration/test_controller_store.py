@@ -108,6 +108,50 @@ async def test_pool_validation_and_updates(db: Any) -> None:
     assert (updated.max_replicas, updated.expected_revision) == (3, "r9")
 
 
+async def test_pool_refusals_say_the_rule_not_the_constraint(db: Any) -> None:
+    spec = await pools_q.create_pool(db, pool_spec("web"))
+    for bad in ("Bad_Name", "-web", "web-", "a" * 64, ""):
+        with pytest.raises(InvalidPool, match="must be 1 to 63 lower-case letters, digits"):
+            await pools_q.create_pool(db, replace(spec, pool_id=bad))
+    assert await pools_q.create_pool(db, replace(spec, pool_id="a" * 63))
+    with pytest.raises(InvalidPool, match=r"orchestrator_ref must not contain NUL \(U\+0000\)"):
+        await pools_q.update_pool(db, "web", orchestrator_ref="a\x00b")
+    assert (await pools_q.get_pool(db, "web")) == spec
+
+
+async def test_every_integer_column_is_bounded_by_its_int32_range(db: Any) -> None:
+    """Each ``integer`` column of worker_pools is checked before the round trip, which
+    otherwise fails inside asyncpg ("value out of int32 range")."""
+    columns = {r["column_name"] for r in await db.fetch(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_name = 'worker_pools' AND data_type = 'integer'")}
+    assert set(pools_q._INTEGER_FLOORS) == columns
+    spec = await pools_q.create_pool(db, pool_spec("web"))
+    top = pools_q.INT32_MAX
+    assert await pools_q.create_pool(db, replace(spec, pool_id="big", max_replicas=top,
+                                                 growth_replicas=top))
+    for field, words in [
+        ("max_replicas", "max_replicas must be within 0..2147483647 (got 2147483648)"),
+        ("min_replicas", "need 0 <= min_replicas <= max_replicas"),
+        ("target_per_replica", "target_per_replica must be within 1..2147483647"),
+        ("worker_cpu_milli", "worker_cpu_milli must be within 1..2147483647"),
+        ("worker_mem_mib", "worker_mem_mib must be within 1..2147483647"),
+        ("worker_db_pool_size", "worker_db_pool_size must be within 0..2147483647"),
+        ("growth_replicas", "growth_replicas must be within 1..2147483647"),
+        ("growth_percent", "growth_percent must be within 0..2147483647"),
+        ("disruption_replicas", "disruption_replicas must be within 1..2147483647"),
+        ("disruption_percent", "disruption_percent must be within 0..100"),
+        ("scale_down_window", "scale_down_window must be whole seconds within 0..3600"),
+    ]:
+        with pytest.raises(InvalidPool) as exc:
+            await pools_q.update_pool(db, "web", **{field: top + 1})
+        assert words in str(exc.value), (field, exc.value)
+        with pytest.raises(InvalidPool):
+            await pools_q.create_pool(db, replace(spec, pool_id="new", **{field: top + 1}))
+    assert await pools_q.get_pool(db, "web") == spec
+    assert [p.pool_id for p in await pools_q.list_pools(db)] == ["big", "web"]
+
+
 async def test_fenced_writes_guard_worker_state(db: Any) -> None:
     await pools_q.create_pool(db, pool_spec("p"))
     async with db.acquire() as conn:

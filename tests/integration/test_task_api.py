@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from starlette.applications import Starlette
 
 from roost.controller import tasks_api
 from roost.embedded.proc import free_port
@@ -107,6 +110,16 @@ async def test_problem_details_for_bad_requests(http: httpx.AsyncClient, db: Any
          "Request too large"),
         ("POST", "/api/v1/pools/p/tasks", {"json": {"payload": 2, "idempotencyKey": "k"}}, 409,
          "Idempotency key reused"),
+        # Postgres text and jsonb cannot hold U+0000: refused before they get there
+        ("POST", "/api/v1/pools/p/tasks", {"content": rb'{"payload": "a\u0000b"}'}, 400,
+         "Invalid task"),
+        ("POST", "/api/v1/pools/p/tasks", {"content": rb'{"payload": {"k\u0000": 1}}'}, 400,
+         "Invalid task"),
+        ("POST", "/api/v1/pools/p/tasks",
+         {"content": rb'{"payload": 1, "idempotencyKey": "k\u0000"}'}, 400, "Invalid task"),
+        ("POST", "/api/v1/pools/p/tasks", {"content": _nested(1000)}, 400, "Invalid JSON"),
+        ("POST", "/api/v1/pools/p/tasks", {"content": _nested(tasks_api.MAX_DEPTH + 1)}, 400,
+         "Invalid JSON"),
         ("POST", "/api/v1/pools/Bad_Pool/tasks", {"json": {"payload": 1}}, 400,
          "Invalid pool id"),
         ("POST", "/api/v1/pools/ghost/tasks", {"json": {"payload": 1}}, 404, "Unknown pool"),
@@ -126,6 +139,122 @@ async def test_problem_details_for_bad_requests(http: httpx.AsyncClient, db: Any
     conflict = await http.post("/api/v1/pools/p/tasks", json={"payload": 2, "idempotencyKey": "k"})
     assert f"task {first}" in conflict.json()["detail"]
     assert (await db.fetchval("SELECT count(*) FROM tasks")) == 1  # nothing else got in
+
+
+def _nested(depth: int, inner: str = "1") -> bytes:
+    """A task whose payload nests ``depth`` arrays and objects, alternating."""
+    opens = "".join('{"a":' if i % 2 else "[" for i in range(depth))
+    closes = "".join("}" if i % 2 else "]" for i in reversed(range(depth)))
+    return f'{{"payload": {opens}{inner}{closes}}}'.encode()
+
+
+async def test_what_postgres_cannot_store_is_a_400_that_says_why(
+        http: httpx.AsyncClient, db: Any) -> None:
+    for body, words in [
+        (rb'{"payload": ["x", {"k": "a\u0000b"}]}', "NUL character (\\u0000)"),
+        (rb'{"payload": {"\\\u0000": 1}}', "NUL character (\\u0000)"),
+        (rb'{"payload": 1, "idempotencyKey": "\u0000"}', "NUL character (\\u0000)"),
+        (_nested(1000), f"nests arrays and objects more than {tasks_api.MAX_DEPTH} deep"),
+        (_nested(50_000), f"nests arrays and objects more than {tasks_api.MAX_DEPTH} deep"),
+        (_nested(tasks_api.MAX_DEPTH + 1), f"more than {tasks_api.MAX_DEPTH} deep"),
+    ]:
+        r = await http.post("/api/v1/pools/p/tasks", content=body)
+        assert r.status_code == 400 and words in r.json()["detail"], (body[:60], r.text)
+    assert (await db.fetchval("SELECT count(*) FROM tasks")) == 0
+    # a backslash and "u0000" is text, not a NUL; MAX_DEPTH itself is allowed
+    text = await http.post("/api/v1/pools/p/tasks", content=rb'{"payload": "\\u0000"}')
+    assert text.status_code == 201, text.text
+    deep = await http.post("/api/v1/pools/p/tasks", content=_nested(tasks_api.MAX_DEPTH))
+    assert deep.status_code == 201, deep.text
+    got = await http.get(text.headers["location"])
+    assert got.status_code == 200
+    assert await db.fetchval("SELECT payload #>> '{}' FROM tasks ORDER BY id LIMIT 1") == (
+        "\\u0000")
+
+
+async def test_a_value_postgres_refuses_is_a_400_not_a_503(
+        http: httpx.AsyncClient, db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net under the request checks: with the NUL check off, Postgres itself
+    refuses the NUL (a DataError), and that is still the client's error."""
+    monkeypatch.setattr(tasks_api, "_NUL", re.compile(rb"(?!)"))
+    for body in (rb'{"payload": "a\u0000b"}', rb'{"payload": 1, "idempotencyKey": "\u0000"}'):
+        r = await http.post("/api/v1/pools/p/tasks", content=body)
+        assert (r.status_code, r.json()["title"]) == (400, "Invalid task"), r.text
+        assert "Postgres cannot store it" in r.json()["detail"], r.text
+    assert (await db.fetchval("SELECT count(*) FROM tasks")) == 0
+
+
+async def test_media_types_are_case_insensitive(http: httpx.AsyncClient) -> None:
+    for ctype in ("Application/Json", "APPLICATION/JSON; charset=UTF-8",
+                  "application/Problem+JSON"):
+        r = await http.post("/api/v1/pools/p/tasks", content=b'{"payload": 1}',
+                            headers={"content-type": ctype})
+        assert r.status_code == 201, (ctype, r.text)
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Any) -> AsyncIterator[int]:
+    """``app`` on a real uvicorn, on a free port (yielded) until the block ends."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:  # noqa: ASYNC110 (uvicorn offers a flag, not an event)
+            await asyncio.sleep(0.01)
+        yield port
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+
+async def _exchange(port: int, token: str, body: bytes, *,
+                    stall: float = 0.0) -> tuple[int, dict[str, str], Any]:
+    """POST a task over a socket: the first half of ``body``, ``stall`` seconds of
+    silence, then the rest. (status, headers, JSON) of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"POST /api/v1/pools/p/tasks HTTP/1.1\r\nhost: c\r\n"
+                     b"authorization: Bearer " + token.encode() + b"\r\n"
+                     b"content-type: application/json\r\n"
+                     b"content-length: " + str(len(body)).encode() + b"\r\n\r\n"
+                     + body[:len(body) // 2])
+        await writer.drain()
+        head = None
+        with contextlib.suppress(TimeoutError):  # an answer before the rest is sent
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), stall)
+        if head is None:
+            writer.write(body[len(body) // 2:])
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        status_line, *lines = head.decode().split("\r\n")
+        headers = dict(x.lower().split(": ", 1) for x in lines if x)
+        doc = json.loads(await reader.readexactly(int(headers["content-length"])))
+        return int(status_line.split()[1]), headers, doc
+    finally:
+        writer.close()
+
+
+async def test_a_body_sent_too_slowly_is_a_408_and_the_database_keeps_its_503(
+        db: Any, token: str) -> None:
+    app = Starlette(routes=tasks_api.task_routes(db, timeout=0.5))
+    async with _serving(app) as port:
+        # a client that stops halfway: it is the one that is late, not the database
+        status, headers, doc = await _exchange(port, token, b'{"payload": 1}', stall=3.0)
+        assert (status, doc["title"]) == (408, "Request timeout"), doc
+        assert doc["detail"] == "the body did not arrive within 0.5 s"
+        assert headers["content-type"] == "application/problem+json"
+        assert headers["connection"] == "close"
+        # one that finishes in time gets its task
+        status, _, doc = await _exchange(port, token, b'{"payload": 2}', stall=0.2)
+        assert status == 201, doc
+        # a database that does not answer in time is still a 503
+        async with db.acquire() as conn, conn.transaction():
+            await conn.execute("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE")
+            status, _, doc = await _exchange(port, token, b'{"payload": 3}')
+            assert (status, doc["title"]) == (503, "Database unavailable"), doc
+            assert "TimeoutError" in doc["detail"]
+    assert await db.fetchval("SELECT array_agg(payload::text) FROM tasks") == ["2"]
 
 
 async def test_an_unreachable_database_is_a_503_problem(pg_dsn: str) -> None:

@@ -12,11 +12,13 @@ import asyncio
 import dataclasses
 import json
 import logging
+import re
 import types
 import typing
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import asyncpg
 import click
@@ -149,11 +151,39 @@ def controller(config_file: Path | None, print_config: bool, log_level: str,
 # ---- roost pools ---------------------------------------------------------------------
 
 
+_BAD_DSN = (ValueError, OverflowError)
+"""What asyncpg raises for a DSN it cannot use: its ClientConfigurationError and the
+URL parser's errors are ValueErrors, a port past 65535 an OverflowError."""
+
+
+def _passwords(dsn: str) -> list[str]:
+    """Every reading of the DSN's password, longest first: a DSN bad enough to be refused
+    may be split at another '@' than the one meant."""
+    found = set(re.findall(r"password=([^&\s]+)", dsn))
+    _, sep, rest = dsn.partition("://")
+    for userinfo, at, _ in (rest.partition("@"), rest.rpartition("@")):
+        if sep and at and ":" in userinfo:
+            found.add(userinfo.split(":", 1)[1])
+    found |= {unquote(p) for p in found}
+    return sorted((p for p in found if p), key=len, reverse=True)
+
+
+def _connect_error(exc: BaseException, dsn: str) -> click.ClickException:
+    """Why Postgres could not be reached, never showing the password: an error about a
+    malformed DSN may quote a piece of it."""
+    text = str(exc) or type(exc).__name__
+    for password in _passwords(dsn):
+        text = text.replace(password, "***")
+    if isinstance(exc, _BAD_DSN):
+        return click.ClickException(f"--dsn is not a usable Postgres DSN: {text}")
+    return click.ClickException(f"cannot connect to Postgres: {text}")
+
+
 async def _with_conn(dsn: str, fn: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
     try:
         conn = await asyncpg.connect(dsn, timeout=10)
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise click.ClickException(f"cannot connect to Postgres: {exc}") from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, *_BAD_DSN) as exc:
+        raise _connect_error(exc, dsn) from None
     try:
         return await fn(conn)
     except asyncpg.UndefinedTableError:
@@ -397,6 +427,8 @@ def db_migrate(dsn: str) -> None:
     """Apply pending schema migrations (the controller also does this on start)."""
     try:
         applied = _run(migrate_dsn(dsn))
+    except _BAD_DSN as exc:
+        raise _connect_error(exc, dsn) from None
     except (OSError, asyncpg.PostgresError) as exc:
         raise click.ClickException(f"migration failed: {exc}") from None
     for m in applied:

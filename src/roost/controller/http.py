@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,9 +32,9 @@ from roost.controller.loop import Controller
 from roost.controller.orchestrator import OrchestratorUnavailable
 from roost.controller.status import HealthDoc, Problem, StatusDoc, known_pools, status_doc
 from roost.store import roles
+from roost.store.pools import POOL_ID
 
 log = logging.getLogger("roost.controller.http")
-_POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -81,7 +80,7 @@ def _pool_filter(request: Request, c: Controller) -> set[str] | None:
     if not wanted:
         return None
     for pid in wanted:
-        if not _POOL_ID.fullmatch(pid):
+        if not POOL_ID.fullmatch(pid):
             raise BadRequest(400, "Invalid pool id",
                              f"{pid!r} is not a pool id (lower-case letters, digits, '-')")
     unknown = set(wanted) - known_pools(c)

@@ -21,19 +21,23 @@ database id.
   is the credential.
 
 Protocol only: parse, call `roost.store.tasks`, serialize. Every error is an
-``application/problem+json`` body; a database that does not answer is a 503, anything
-unexpected a 500 whose id is in the log, never a traceback.
+``application/problem+json`` body; a database that does not answer is a 503, a body the
+client does not finish sending in time a 408, a value Postgres cannot hold (U+0000, or
+nesting past `MAX_DEPTH`) a 400, anything unexpected a 500 whose id is in the log, never
+a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -47,13 +51,19 @@ from roost.controller.status import Problem
 from roost.store import apitokens
 from roost.store import tasks as tq
 from roost.store.errors import PoolNotFound
-from roost.store.session import CONNECTION_ERRORS
+from roost.store.pools import POOL_ID
+from roost.store.session import CONNECTION_ERRORS, DATA_ERRORS
 
 log = logging.getLogger("roost.controller.tasks_api")
 T = TypeVar("T")
 
-POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 MAX_BODY = 1 << 20
+MAX_DEPTH = 100
+"""How deep a payload may nest arrays and objects: far past what a task needs, and short
+of where a decoder or Postgres's parser runs out of stack."""
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+r"""How JSON text holds a NUL (it cannot be there raw): ``\u0000`` after an even
+number of backslashes; after an odd one, as in ``\\u0000``, it is text."""
 TASK_ID = re.compile(r"t-[0-9a-f]{32}")
 DB_ERRORS = CONNECTION_ERRORS
 _STATUS = {"queued": "queued", "running": "running", "done": "succeeded", "failed": "failed"}
@@ -189,22 +199,81 @@ def _task_id(request: Request) -> str:
     return raw
 
 
-async def _body(request: Request, kind: type[T]) -> T:
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+@contextlib.asynccontextmanager
+async def _stopped(deadline: asyncio.Timeout) -> AsyncIterator[None]:
+    """Stop ``deadline`` for the block and give it back what it had left after: the
+    time a client takes to send its body is not the database's."""
+    if deadline.expired() or (when := deadline.when()) is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    left = when - loop.time()
+    deadline.reschedule(None)
+    try:
+        yield
+    finally:
+        deadline.reschedule(loop.time() + left)
+
+
+async def _body(request: Request, kind: type[T], *, timeout: float) -> T:
+    """The request's JSON as ``kind``. The body is read within ``timeout`` of its own (a
+    client slow to send it gets a 408), off the clock of the database's work."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0]
+    ctype = ctype.strip().lower()  # media types are case-insensitive (RFC 9110 8.3.1)
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise ApiProblem(415, "Unsupported media type", f"send application/json, not {ctype}")
     raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise ApiProblem(413, "Request too large", f"the body is over {MAX_BODY} bytes")
     try:
-        return msgspec.json.decode(raw, type=kind)
+        async with _stopped(request.state.deadline), asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_BODY:
+                    raise ApiProblem(413, "Request too large",
+                                     f"the body is over {MAX_BODY} bytes")
+    except TimeoutError:
+        raise ApiProblem(408, "Request timeout",
+                         f"the body did not arrive within {timeout:g} s",
+                         headers={"connection": "close"}) from None
+    try:
+        body = msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
         raise ApiProblem(400, "Invalid task" if kind is SubmitTask else "Invalid request",
                          str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiProblem(400, "Invalid JSON", str(exc)) from None
+    except RecursionError:
+        raise ApiProblem(400, "Invalid JSON", _too_deep()) from None
+    if _NUL.search(raw):
+        raise ApiProblem(400, "Invalid task" if kind is SubmitTask else "Invalid request",
+                         "the body holds a NUL character (\\u0000) in a string or key: "
+                         "Postgres text and jsonb cannot store it")
+    if isinstance(body, SubmitTask) and _nests_deeper(body.payload, MAX_DEPTH):
+        raise ApiProblem(400, "Invalid JSON", _too_deep())
+    return body
+
+
+def _too_deep() -> str:
+    return f"the payload nests arrays and objects more than {MAX_DEPTH} deep"
+
+
+_NESTS = frozenset({list, dict}).__contains__
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` deep. Level by
+    level, each node's nested members picked out in C: the walk costs about what
+    decoding the body did (a 1 MiB body of numbers: ~15 ms), not a Python step per
+    member."""
+    level = [value] if _NESTS(type(value)) else []
+    for _ in range(limit):
+        nested: list[Any] = []
+        for node in level:
+            members = node.values() if type(node) is dict else node
+            nested.extend(compress(members, map(_NESTS, map(type, members))))
+        if not nested:
+            return False
+        level = nested
+    return bool(level)
 
 
 def _task_doc(t: tq.Task) -> TaskDoc:
@@ -225,7 +294,9 @@ def task_routes(db: Any, *, timeout: float = 10.0,
         @functools.wraps(fn)
         async def endpoint(request: Request) -> Response:
             try:
-                return await asyncio.wait_for(fn(request), timeout)
+                async with asyncio.timeout(timeout) as deadline:
+                    request.state.deadline = deadline  # stopped while the body is read
+                    return await fn(request)
             except ApiProblem as exc:
                 return problem(exc.status, exc.title, exc.detail, instance=request.url.path,
                                headers=exc.headers)
@@ -247,7 +318,7 @@ def task_routes(db: Any, *, timeout: float = 10.0,
         pool = _pool_id(request)
         if not grant.reaches(pool):
             raise _unknown_pool(pool)
-        body = await _body(request, SubmitTask)
+        body = await _body(request, SubmitTask, timeout=timeout)
         try:
             s = await tq.submit(db, pool, body.payload, idempotency_key=body.idempotency_key,
                                 max_attempts=body.max_attempts)
@@ -255,6 +326,9 @@ def task_routes(db: Any, *, timeout: float = 10.0,
             raise _unknown_pool(pool) from None
         except tq.IdempotencyConflict as exc:
             raise ApiProblem(409, "Idempotency key reused", str(exc)) from None
+        except DATA_ERRORS as exc:  # a value _body let through that Postgres refuses
+            raise ApiProblem(400, "Invalid task",
+                             f"Postgres cannot store it: {exc}") from None
         except ValueError as exc:  # NaN/Infinity decoded from the body are not JSON
             raise ApiProblem(400, "Invalid task", str(exc)) from None
         location = f"/api/v1/tasks/{s.public_id}"
@@ -289,7 +363,7 @@ def task_routes(db: Any, *, timeout: float = 10.0,
 
     @guarded
     async def worker_credentials(request: Request) -> Response:
-        body = await _body(request, EnrollRequest)
+        body = await _body(request, EnrollRequest, timeout=timeout)
         dsn = None if enroller is None else await enroller(body.token, body.instance_id)
         if dsn is None:
             log.warning("worker enrollment refused for instance %r", body.instance_id[:40])
@@ -336,6 +410,7 @@ def openapi_fragment() -> tuple[dict[str, Any], dict[str, Any]]:
             "responses": {"200": ok(creds_ref), "400": err("Invalid JSON or field"),
                           "403": err("Refused: a bad token, an instance that is not a "
                                      "fresh one of the pool, or one that enrolled before"),
+                          "408": err("The body did not arrive in time"),
                           "503": unavailable},
         }},
         "/api/v1/pools/{pool}/tasks": {"post": {
@@ -348,9 +423,12 @@ def openapi_fragment() -> tuple[dict[str, Any], dict[str, Any]]:
             "responses": {
                 "201": ok(submitted_ref, "Queued"),
                 "200": ok(submitted_ref, "An existing task with this idempotency key"),
-                "400": err("Invalid JSON, pool id or field"),
+                "400": err("Invalid JSON, pool id or field; a NUL (\\u0000) anywhere, or a "
+                           f"payload nested over {MAX_DEPTH} deep: Postgres cannot store "
+                           "them"),
                 "401": unauthorized,
                 "404": err("Unknown pool, or one the token does not reach"),
+                "408": err("The body did not arrive in time"),
                 "409": err("The idempotency key belongs to a task with another payload"),
                 "413": err("Body over 1 MiB"),
                 "415": err("Not JSON"),

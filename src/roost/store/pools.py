@@ -6,6 +6,7 @@ there is no second pool model to keep in step.
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields, replace
 from typing import Any
 
@@ -35,12 +36,36 @@ _COLUMNS = {
 _SELECT = "SELECT " + ", ".join(f"{c} AS {f}" for f, c in _COLUMNS.items()) + " FROM worker_pools"
 
 
+POOL_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+"""The schema's ``worker_pools_id_check`` (a DNS label), checked here to say the rule
+rather than name the constraint."""
+
+INT32_MAX = 2**31 - 1
+_INTEGER_FLOORS = {
+    "min_replicas": 0, "max_replicas": 0, "target_per_replica": 1, "worker_cpu_milli": 1,
+    "worker_mem_mib": 1, "worker_db_pool_size": 0, "growth_replicas": 1,
+    "growth_percent": 0, "disruption_replicas": 1, "disruption_percent": 0,
+    "scale_down_window": 0,
+}
+"""The fields stored in ``integer`` (32-bit) columns, each with the least value its
+check allows: a value past the column's top is refused naming the range, not left to
+fail as asyncpg's "out of int32 range"."""
+
+
 def _spec(row: Any) -> PoolSpec:
     return PoolSpec(**{f.name: row[f.name] for f in fields(PoolSpec)})
 
 
 def validate(spec: PoolSpec) -> None:
     """The schema's constraints, checked before a round trip so the message is clear."""
+    if not POOL_ID.fullmatch(spec.pool_id):
+        raise InvalidPool(f"pool id {spec.pool_id!r} must be 1 to 63 lower-case letters, "
+                          "digits and '-', starting and ending with a letter or digit")
+    text = [f for f in ("expected_revision", "orchestrator", "orchestrator_ref")
+            if "\x00" in getattr(spec, f)]
+    if text:
+        raise InvalidPool(f"{', '.join(text)} must not contain NUL (U+0000), which "
+                          "Postgres text cannot hold")
     if spec.min_replicas < 0 or spec.max_replicas < spec.min_replicas:
         raise InvalidPool("need 0 <= min_replicas <= max_replicas")
     if spec.target_per_replica <= 0:
@@ -54,6 +79,12 @@ def validate(spec: PoolSpec) -> None:
     problems = pool_spec_problems(spec)
     if problems:
         raise InvalidPool("; ".join(problems))
+    # last: a field with a narrower range of its own has been named by now
+    too_big = [f"{f} must be within {low}..{INT32_MAX} (got {v})"
+               for f, low in _INTEGER_FLOORS.items()
+               if isinstance(v := getattr(spec, f), int) and v > INT32_MAX]
+    if too_big:
+        raise InvalidPool("; ".join(too_big))
 
 
 async def list_pools(conn: Any) -> list[PoolSpec]:

@@ -71,6 +71,12 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 """What a controller query can fail with when its connection or server goes."""
 
+DATA_ERRORS: tuple[type[BaseException], ...] = (asyncpg.DataError,)
+"""What a query fails with when Postgres refuses a value as data (SQLSTATE class 22: a
+NUL in text or jsonb, a number out of range, ...). They are `CONNECTION_ERRORS` too, being
+Postgres errors, but the fault is the input's, not the database's: an API that passes
+input through answers them as the client's error, before it tries the others."""
+
 _UNKNOWN_SETTING = "42704"  # undefined_object: "unrecognized configuration parameter"
 
 
