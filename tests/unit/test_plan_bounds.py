@@ -288,6 +288,26 @@ def test_a_replica_turning_ready_shows_the_start_up_was_seen() -> None:
     assert never_seen.startup == 0.0
 
 
+def test_a_replica_starting_before_this_leadership_is_no_sample_of_the_start_up() -> None:
+    """A new leader's first read finds two replicas starting, since it does not know
+    when: their turning ready would time the start-up from the handover, too short.
+    The replicas it saw asked for are timed as ever."""
+    first = Estimates(startup=80.0, startup_remembered=True).observe(
+        None, _infra(3, 1), NOW, S)
+    assert first.unseen == 2 and first.starting_since == (NOW, NOW)
+    one = first.observe(None, _infra(4, 2), NOW + 10, S)  # one more asked; one ready
+    assert one.startup == 80.0 and one.startup_remembered and one.unseen == 1
+    assert one.turned_ready  # a replica did turn ready
+    both = one.observe(None, _infra(4, 3), NOW + 20, S)
+    assert both.startup == 80.0 and both.unseen == 0
+    timed = both.observe(None, _infra(4, 4), NOW + 60, S)  # seen asked at NOW + 10
+    assert timed.startup == pytest.approx(80.0 + 0.3 * (50.0 - 80.0))
+    assert not timed.startup_remembered
+    # replicas removed while starting: the newest go first, then the unseen ones
+    fewer = first.observe(None, _infra(2, 1), NOW + 10, S)
+    assert fewer.unseen == 1 and len(fewer.starting_since) == 1
+
+
 def test_a_remembered_start_up_is_used_until_this_leader_measures_one() -> None:
     # a new leadership starts each pool it has no history for from the start-up the
     # previous one published; a pool it already tracks keeps its own

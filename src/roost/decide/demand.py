@@ -373,6 +373,10 @@ class Estimates:
     """Moving average of the observed start-up time, seconds."""
     starting_since: tuple[float, ...] = ()
     """When each replica slot now starting was first seen not ready, oldest first."""
+    unseen: int = 0
+    """The oldest this many of ``starting_since`` were starting already when this
+    leadership first read the pool: how long they had been is not known, so their
+    turning ready is no sample of the start-up (it would be short by the handover)."""
     ready: int | None = None
     """Ready replicas last seen."""
     rates: tuple[tuple[float, float], ...] = ()
@@ -434,7 +438,7 @@ class Estimates:
                                              demand.completed, now, s)
             service_at = now
         startup, since, ready = self.startup, self.starting_since, self.ready
-        turned, remembered = self.turned_ready, self.startup_remembered
+        turned, remembered, unseen = self.turned_ready, self.startup_remembered, self.unseen
         if infra is not None:
             now_ready = sum(1 for i in infra.instances if i.ready)
             starting = max(0, infra.target_replicas - now_ready)
@@ -442,22 +446,28 @@ class Estimates:
             if ready is not None and now_ready > ready:
                 turned = True
                 came = now_ready - ready
-                # the oldest slots turned ready; never a negative time, whatever the
-                # wall clock did between the reads (the estimate is published, and the
-                # store refuses a negative one)
-                samples = [max(0.0, now - t) for t in slots[:came]]
+                # the oldest slots turned ready, those starting before this leadership
+                # first; never a negative time, whatever the wall clock did between the
+                # reads (the estimate is published, and the store refuses a negative one)
+                skip = min(came, unseen, len(slots))
+                unseen -= skip
+                samples = [max(0.0, now - t) for t in slots[skip:came]]
                 # the rest were asked for since the last read and are ready already:
                 # their start-up is at most the time between the reads
                 if self.read_at is not None:
-                    samples += [max(0.0, now - self.read_at)] * (came - len(samples))
+                    samples += [max(0.0, now - self.read_at)] * (
+                        came - skip - len(samples))
                 for sample in samples:
                     startup = sample if startup is None else (
                         startup + STARTUP_WEIGHT * (sample - startup))
                     remembered = False
                 slots = slots[came:]
             if len(slots) < starting:
+                if ready is None:  # this leadership's first read: starting since when?
+                    unseen = starting
                 slots += [now] * (starting - len(slots))
             since, ready = tuple(slots[:starting]), now_ready
+            unseen = min(unseen, len(since))
         rates = tuple((t, r) for t, r in self.rates if t > now - s.headroom_window)
         if demand is not None and demand.arrival_rate is not None:
             rates += ((now, burst_rate(demand.arrival_rate, demand.arrival_peak, service, s)),)
@@ -468,9 +478,10 @@ class Estimates:
         arrivals = tuple((t, r) for t, r in self.arrivals if t >= now - keep)
         if demand is not None and demand.arrival_rate is not None:
             arrivals += ((now, demand.arrival_rate),)
-        out = Estimates(service, service_at, startup, since, ready, rates, room, turned,
-                        self.recurred, weight, now if infra is not None else self.read_at,
-                        remembered, arrivals, self.read_back_at)
+        out = Estimates(service, service_at, startup, since, unseen, ready, rates, room,
+                        turned, self.recurred, weight,
+                        now if infra is not None else self.read_at, remembered, arrivals,
+                        self.read_back_at)
         peak = out.peak_rate(s)
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
