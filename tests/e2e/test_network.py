@@ -4,8 +4,10 @@ root volumes, each action's success path and each error code it answers."""
 from __future__ import annotations
 
 import ipaddress
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -323,6 +325,172 @@ def test_dry_run_first_and_tag_limit(ec2: Any) -> None:
              "Tags": [{"Key": f"k{i}", "Value": "v"} for i in range(51)]}]
     fails("TagLimitExceeded", ec2.run_instances, ImageId=IMAGE, MinCount=1, MaxCount=1,
           TagSpecifications=tags)
+
+
+def refused(expected: str, call: Any, *args: Any, **kw: Any) -> str:
+    """The message of the error ``call`` answers, once its code is ``expected``."""
+    with pytest.raises(ClientError) as exc:
+        call(*args, **kw)
+    assert code(exc) == expected, exc.value.response["Error"]
+    return str(exc.value.response["Error"]["Message"])
+
+
+def _tags(n: int, prefix: str = "k") -> list[dict[str, str]]:
+    return [{"Key": f"{prefix}{i}", "Value": "v"} for i in range(n)]
+
+
+def _held(ec2: Any, rid: str) -> dict[str, str]:
+    rows = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [rid]}],
+                             MaxResults=1000)["Tags"]
+    return {t["Key"]: t["Value"] for t in rows}
+
+
+def test_tag_limit_counts_the_tags_a_resource_holds(ec2: Any) -> None:
+    """50 per resource after the call, not per request: keys already there only
+    overwrite, and a call one resource refuses changes none of the others."""
+    (inst,) = run(ec2, TagSpecifications=[{"ResourceType": "instance", "Tags": _tags(40)}])
+    iid = inst["InstanceId"]
+    vpc = ec2.create_vpc(CidrBlock="10.14.0.0/16")["Vpc"]["VpcId"]
+    spare = ec2.create_vpc(CidrBlock="10.15.0.0/16")["Vpc"]["VpcId"]
+    ec2.create_tags(Resources=[iid], Tags=_tags(50))  # k0..k39 overwrite, 10 added
+    ec2.create_tags(Resources=[vpc], Tags=_tags(50))
+    for rid in (iid, vpc):
+        message = refused("TagLimitExceeded", ec2.create_tags, Resources=[rid],
+                          Tags=[{"Key": "one-more", "Value": "v"}])
+        assert rid in message
+        ec2.create_tags(Resources=[rid], Tags=[{"Key": "k7", "Value": "new"}])
+        assert len(_held(ec2, rid)) == 50 and _held(ec2, rid)["k7"] == "new"
+    refused("TagLimitExceeded", ec2.create_tags, Resources=[spare, vpc],
+            Tags=[{"Key": "one-more", "Value": "v"}])
+    assert _held(ec2, spare) == {}
+    ec2.delete_tags(Resources=[vpc], Tags=[{"Key": "k0"}])
+    ec2.create_tags(Resources=[vpc], Tags=[{"Key": "one-more", "Value": "v"}])
+    assert len(_held(ec2, vpc)) == 50
+    ec2.terminate_instances(InstanceIds=[iid])
+    ec2.delete_vpc(VpcId=vpc)
+    ec2.delete_vpc(VpcId=spare)
+
+
+def _race(cluster: ThreadedCluster, rid: str, calls: int) -> list[str]:
+    """``calls`` CreateTags of one new key each on ``rid``, from as many clients at once:
+    the code each answered, sorted ("ok" for success)."""
+    clients = [cluster.client() for _ in range(calls)]
+    start = threading.Barrier(calls)
+
+    def add(i: int) -> str:
+        start.wait()
+        try:
+            clients[i].create_tags(Resources=[rid], Tags=[{"Key": f"race{i}", "Value": "v"}])
+        except ClientError as exc:
+            return str(exc.response["Error"]["Code"])
+        return "ok"
+
+    with ThreadPoolExecutor(calls) as pool:
+        return sorted(pool.map(add, range(calls)))
+
+
+def test_tag_limit_holds_when_calls_race(cluster: ThreadedCluster, ec2: Any) -> None:
+    """Calls adding one key each to a resource with 45, all at once: five win and the
+    resource holds 50 (each write is a compare-and-set that counts what it replaces)."""
+    (inst,) = run(ec2, TagSpecifications=[{"ResourceType": "instance", "Tags": _tags(45)}])
+    iid = inst["InstanceId"]
+    vpc = ec2.create_vpc(CidrBlock="10.16.0.0/16",
+                         TagSpecifications=[{"ResourceType": "vpc", "Tags": _tags(45)}])[
+        "Vpc"]["VpcId"]
+    for rid in (iid, vpc):
+        outcomes = _race(cluster, rid, 12)
+        assert outcomes == ["TagLimitExceeded"] * 7 + ["ok"] * 5, outcomes
+        assert len(_held(ec2, rid)) == 50
+    ec2.terminate_instances(InstanceIds=[iid])
+    ec2.delete_vpc(VpcId=vpc)
+
+
+@pytest.mark.parametrize(("bad", "shown"), [
+    ("a\x00b", "a\\x00b"), ("tab\there", "tab\\x09here"), ("line\n", "line\\x0a"),
+    ("\x1f", "\\x1f"), ("del\x7f", "del\\x7f"),
+])
+def test_control_characters_in_tags_are_refused(ec2: Any, bad: str, shown: str) -> None:
+    """They came back as U+FFFD, or not at all, so the tag could never be named again
+    to filter or delete it. Refused as a key or a value, wherever tags enter; the
+    message names the key with its control characters escaped."""
+    (inst,) = run(ec2)
+    iid = inst["InstanceId"]
+    for tag in ({"Key": bad, "Value": "v"}, {"Key": "k", "Value": bad}):
+        message = refused("InvalidParameterValue", ec2.create_tags, Resources=[iid],
+                          Tags=[tag])
+        assert (shown if tag["Key"] == bad else "'k'") in message
+        refused("InvalidParameterValue", run, ec2,
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [tag]}])
+        refused("InvalidParameterValue", run, ec2,
+                TagSpecifications=[{"ResourceType": "volume", "Tags": [tag]}])
+        refused("InvalidParameterValue", ec2.create_vpc, CidrBlock="10.17.0.0/16",
+                TagSpecifications=[{"ResourceType": "vpc", "Tags": [tag]}])
+        refused("InvalidParameterValue", ec2.create_volume, Size=1,
+                AvailabilityZone=inst["Placement"]["AvailabilityZone"],
+                TagSpecifications=[{"ResourceType": "volume", "Tags": [tag]}])
+        refused("InvalidParameterValue", ec2.create_launch_template,
+                LaunchTemplateName="ctl", LaunchTemplateData={"TagSpecifications": [
+                    {"ResourceType": "instance", "Tags": [tag]}]})
+    assert _held(ec2, iid) == {}
+    assert not ec2.describe_vpcs(Filters=[{"Name": "cidr", "Values": ["10.17.0.0/16"]}])[
+        "Vpcs"]
+    ec2.create_tags(Resources=[iid], Tags=[{"Key": "fine", "Value": "spaces + - = . _ : / @ é"}])
+    ec2.delete_tags(Resources=[iid], Tags=[{"Key": bad}])  # naming one is harmless
+    assert _held(ec2, iid) == {"fine": "spaces + - = . _ : / @ é"}
+    ec2.terminate_instances(InstanceIds=[iid])
+
+
+def _live(ec2: Any) -> int:
+    found = ec2.describe_instances(Filters=[{"Name": "instance-state-name",
+                                             "Values": ["pending", "running"]}])
+    return sum(len(r["Instances"]) for r in found["Reservations"])
+
+
+def test_run_instances_refuses_tag_types_it_does_not_tag(ec2: Any) -> None:
+    """Entries for another type were dropped and the launch went ahead; EC2 refuses an
+    unknown type, and roost refuses the types EC2 tags at launch but roost cannot keep
+    (network interfaces, Spot requests). Volume tags go on every launch volume."""
+    before = _live(ec2)
+    tag = [{"Key": "k", "Value": "v"}]
+    message = refused("InvalidParameterValue", run, ec2,
+                      TagSpecifications=[{"ResourceType": "foo", "Tags": tag}])
+    assert message == "'foo' is not a valid taggable resource type for this operation."
+    refused("InvalidParameterValue", run, ec2,
+            TagSpecifications=[{"ResourceType": "vpc", "Tags": tag}])
+    for kind in ("network-interface", "spot-instances-request"):
+        message = refused("InvalidParameterValue", run, ec2, TagSpecifications=[
+            {"ResourceType": "instance", "Tags": tag}, {"ResourceType": kind, "Tags": tag}])
+        assert f"'{kind}'" in message and "instance, volume" in message
+    assert _live(ec2) == before
+    (inst,) = run(ec2, TagSpecifications=[{"ResourceType": "instance", "Tags": tag},
+                                          {"ResourceType": "volume", "Tags": [
+                                              {"Key": "vk", "Value": "vv"}]}])
+    (vol,) = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
+                                            "Values": [inst["InstanceId"]]}])["Volumes"]
+    assert inst["Tags"] == tag and vol["Tags"] == [{"Key": "vk", "Value": "vv"}]
+    ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
+
+
+def test_duplicate_tag_keys_are_refused(ec2: Any) -> None:
+    """The last value won; EC2 refuses the request."""
+    (inst,) = run(ec2)
+    iid = inst["InstanceId"]
+    twice = [{"Key": "k", "Value": "a"}, {"Key": "k", "Value": "b"}]
+    message = refused("InvalidParameterValue", ec2.create_tags, Resources=[iid], Tags=twice)
+    assert message == "Duplicate tag key 'k' specified."
+    assert _held(ec2, iid) == {}
+    before = _live(ec2)
+    for specs in ([{"ResourceType": "instance", "Tags": twice}],
+                  [{"ResourceType": "volume", "Tags": twice}],
+                  [{"ResourceType": "instance", "Tags": twice[:1]},
+                   {"ResourceType": "instance", "Tags": twice[1:]}]):
+        message = refused("InvalidParameterValue", run, ec2, TagSpecifications=specs)
+        assert message == "Duplicate tag key 'k' specified."
+    refused("InvalidParameterValue", ec2.create_vpc, CidrBlock="10.18.0.0/16",
+            TagSpecifications=[{"ResourceType": "vpc", "Tags": twice}])
+    assert _live(ec2) == before
+    ec2.delete_tags(Resources=[iid], Tags=[{"Key": "k"}, {"Key": "k"}])  # harmless
+    ec2.terminate_instances(InstanceIds=[iid])
 
 
 def test_type_offerings_and_account_attributes(ec2: Any) -> None:

@@ -45,6 +45,7 @@ from roost.bus.failures import BUS_DOWN
 from roost.bus.schemas import InstanceRecord, NodeOrder, decode, encode, stamp_seconds
 from roost.domain.accounts import COUNTED_STATES, DEFAULT_ACCOUNT, Held, Tally
 from roost.domain.errors import InvalidInstanceIDNotFound, ServiceUnavailable
+from roost.gateway.tagging import changed
 from roost.gateway.tenancy import confined_to, visible
 
 log = logging.getLogger(__name__)
@@ -223,20 +224,13 @@ class InstanceIndex:
 
     async def set_tags(self, rec: InstanceRecord, change: Mapping[str, str | None], *,
                        delete: bool) -> None:
-        """Apply a CreateTags (``delete`` False) or DeleteTags change with CAS retries.
-
-        For DeleteTags a value of None removes the key whatever its value; a value
-        removes it only if it matches, as EC2 does.
-        """
+        """Apply a CreateTags (``delete`` False) or DeleteTags change with CAS retries
+        (`tagging.changed`: what it does, and the limit it keeps, counted afresh on
+        every retry)."""
         for _ in range(20):
             found = self._tags.get(rec.instance_id)
             rev, current = found if found is not None else (0, dict(rec.tags))
-            tags = {} if delete and not change else dict(current)  # DeleteTags, no keys: all
-            for key, value in change.items():
-                if not delete:
-                    tags[key] = value or ""
-                elif key in tags and (value is None or tags[key] == value):
-                    del tags[key]
+            tags = changed(rec.instance_id, current, change, delete=delete)
             data = msgspec.json.encode(tags)
             try:
                 if rev:

@@ -11,6 +11,7 @@ from roost.gateway import shapes
 from roost.gateway.call import Action, Call
 from roost.gateway.describe import Field, apply_filters
 from roost.gateway.query import Params
+from roost.gateway.tagging import specified
 from roost.gateway.templates import (
     LaunchTemplate,
     TemplateStore,
@@ -66,9 +67,17 @@ def _find(c: Call) -> LaunchTemplate:
                           c.params.get("LaunchTemplateName") or "")
 
 
+def _data(p: Params) -> dict[str, str]:
+    """LaunchTemplateData, its tags held to the rules RunInstances holds them to (any
+    type EC2 tags at launch is kept: RunInstances refuses those roost cannot tag)."""
+    data = template_data(p)
+    specified(Params(data), (*rq.LAUNCH_TAGGED, *rq.LAUNCH_UNTAGGED))
+    return data
+
+
 async def create_launch_template(c: Call) -> str:
     t = await _store(c).create(
-        c.params.require("LaunchTemplateName"), template_data(c.params),
+        c.params.require("LaunchTemplateName"), _data(c.params),
         description=c.params.get("VersionDescription") or "",
         tags=dict(nq.resource_tags(c.params, "launch-template")))
     return response("CreateLaunchTemplate", c.request_id, node("launchTemplate", template_xml(t)))
@@ -77,7 +86,7 @@ async def create_launch_template(c: Call) -> str:
 async def create_launch_template_version(c: Call) -> str:
     found = _find(c)
     source = c.params.get("SourceVersion")
-    data = template_data(c.params)
+    data = _data(c.params)
     if source:
         data = overlay(found.version(source).data, data)
     description = c.params.get("VersionDescription") or ""

@@ -27,6 +27,7 @@ from roost.domain.images import Image
 from roost.domain.network import Rule
 from roost.domain.volumes import VOLUME_TYPES, LaunchVolume, size_error, valid_device
 from roost.gateway.query import Params
+from roost.gateway.tagging import Tags, specified
 
 IMAGE_ROOT_GIB = 8
 """The size of every roost image's root snapshot: EC2's default root volume size."""
@@ -182,7 +183,10 @@ def _nic_private_ip(nic: Params) -> str:
     return plain or primary
 
 
-def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
+def parse_launch_network(p: Params, *, max_count: int, volume_tags: Tags = ()
+                         ) -> LaunchNetwork:
+    """``volume_tags``: TagSpecification.N's ``volume`` entries, which RunInstances
+    reads along with its ``instance`` ones."""
     subnet = p.get("SubnetId") or ""
     private_ip = p.get("PrivateIpAddress") or ""
     group_ids = list(p.values("SecurityGroupId"))
@@ -228,10 +232,7 @@ def parse_launch_network(p: Params, *, max_count: int) -> LaunchNetwork:
         group_ids=tuple(dict.fromkeys(group_ids)),
         group_names=tuple(dict.fromkeys(p.values("SecurityGroup"))),
         key_name=p.get("KeyName") or "", mappings=mappings,
-        volume_tags=tuple((t.get("Key") or "", t.get("Value") or "")
-                          for spec in p.members("TagSpecification")
-                          if spec.get("ResourceType") == "volume"
-                          for t in spec.members("Tag")),
+        volume_tags=volume_tags,
         tenancy=tenancy,
         monitoring=p.flag("Monitoring.Enabled"), ebs_optimized=p.flag("EbsOptimized"),
         hibernation=p.flag("HibernationOptions.Configured"), associate_public_ip=public,
@@ -297,17 +298,9 @@ class NamedDescribe:
     filters: tuple[tuple[str, tuple[str, ...]], ...] = field(default_factory=tuple)
 
 
-def resource_tags(p: Params, resource_type: str) -> tuple[tuple[str, str], ...]:
+def resource_tags(p: Params, resource_type: str) -> Tags:
     """TagSpecification.N entries for ``resource_type`` (others are refused as EC2 does)."""
-    out: dict[str, str] = {}
-    for spec in p.members("TagSpecification"):
-        kind = spec.get("ResourceType") or resource_type
-        if kind != resource_type:
-            raise InvalidParameterValue(
-                f"'{kind[:80]}' is not a valid taggable resource type for this operation.")
-        for t in spec.members("Tag"):
-            out[t.require("Key")] = t.get("Value") or ""
-    return tuple(out.items())
+    return specified(p, (resource_type,), default=resource_type)[resource_type]
 
 
 def parse_create_vpc(p: Params) -> CreateVpcRequest:

@@ -67,6 +67,7 @@ from roost.gateway.netrequests import (
     PermissionsRequest,
 )
 from roost.gateway.network import NetworkStore
+from roost.gateway.tagging import changed
 from roost.gateway.tenancy import account, caller
 
 R = TypeVar("R", Vpc, Subnet, SecurityGroup)
@@ -165,22 +166,17 @@ class NetworkService:
             return self.subnet(rid)
         return self.group(GroupRef(group_id=rid))
 
-    def require_taggable(self, ids: Sequence[str]) -> None:
-        for rid in ids:
-            self._taggable(rid)
+    def require_taggable(self, ids: Sequence[str]) -> list[Vpc | Subnet | SecurityGroup]:
+        return [self._taggable(rid) for rid in ids]
 
     async def change_tags(self, rid: str, change: Mapping[str, str | None], *,
                           delete: bool) -> None:
         """CreateTags/DeleteTags on a VPC, subnet or group: the record is rewritten
-        with compare-and-set (a derived default is stored from then on)."""
+        with compare-and-set (a derived default is stored from then on), the tag limit
+        checked against the record each try writes over (`tagging.changed`)."""
         def edit(rec: R) -> R:
-            tags = {} if delete and not change else dict(rec.tags)
-            for key, value in change.items():
-                if not delete:
-                    tags[key] = value or ""
-                elif key in tags and (value is None or tags[key] == value):
-                    del tags[key]
-            return msgspec.structs.replace(rec, tags=tags)
+            return msgspec.structs.replace(
+                rec, tags=changed(rid, rec.tags, change, delete=delete))
 
         base = self._taggable(rid)
         if isinstance(base, Vpc):

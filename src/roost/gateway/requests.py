@@ -23,16 +23,20 @@ from roost.domain.errors import (
     InvalidParameterCombination,
     InvalidParameterValue,
     MissingParameter,
-    TagLimitExceeded,
 )
 from roost.gateway.netrequests import LaunchNetwork, check_id, parse_launch_network
 from roost.gateway.query import Params
+from roost.gateway.tagging import specified, tag_list
 
 INSTANCE_ID = re.compile(r"i-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 MAX_USER_DATA = 16 * 1024
-MAX_TAGS = 50
 TAGGABLE_NETWORK = ("vpc", "subnet", "sg")
 """Besides instances, CreateTags and DeleteTags take these resources' ids."""
+LAUNCH_TAGGED = ("instance", "volume")
+"""What RunInstances' TagSpecification.N may tag: the instances and their volumes."""
+LAUNCH_UNTAGGED = ("network-interface", "spot-instances-request")
+"""EC2 tags these at launch too. roost keeps no tags on an instance's network interface
+and has no Spot requests, so they are refused rather than dropped."""
 DEFAULT_INSTANCE_TYPE = "m1.small"
 """What EC2 launches when RunInstances names no type; roost's catalog has it."""
 
@@ -161,28 +165,6 @@ def _page(p: Params, *, low: int, high: int) -> Page:
     return Page(n, p.get("NextToken") or None)
 
 
-def _tag(key: str, value: str | None) -> tuple[str, str | None]:
-    if not key or len(key) > 128:
-        raise InvalidParameterValue("Tag keys must be 1 to 128 characters long.")
-    if key.lower().startswith("aws:"):
-        raise InvalidParameterValue("Tag keys starting with 'aws:' are reserved for internal use")
-    if value is not None and len(value) > 256:
-        raise InvalidParameterValue("Tag values may be at most 256 characters long.")
-    return key, value
-
-
-def _tag_list(
-    members: list[Params], *, values_required: bool
-) -> tuple[tuple[str, str | None], ...]:
-    if len(members) > MAX_TAGS:
-        raise TagLimitExceeded(f"The maximum number of tags per resource is {MAX_TAGS}.")
-    tags = []
-    for t in members:
-        value = t.get("Value")
-        tags.append(_tag(t.require("Key"), "" if value is None and values_required else value))
-    return tuple(tags)
-
-
 def _user_data(raw: str) -> str:
     try:
         data = base64.b64decode(raw, validate=True)
@@ -257,24 +239,19 @@ def parse_run_instances(p: Params, stamps: Mapping[str, str] | None = None
         raise InvalidParameterValue("MinCount and MaxCount must be at least 1.")
     if min_count > max_count:
         raise InvalidParameterValue("MinCount must be less than or equal to MaxCount.")
-    tags: list[tuple[str, str]] = []
-    for spec in p.members("TagSpecification"):
-        kind = spec.require("ResourceType")
-        found = _tag_list(spec.members("Tag"), values_required=True)
-        if kind == "instance":
-            tags.extend((k, v or "") for k, v in found)
+    tags = specified(p, LAUNCH_TAGGED, elsewhere=LAUNCH_UNTAGGED)
     token = p.get("ClientToken") or ""
     if len(token) > 64:
         raise InvalidParameterValue("ClientToken must be at most 64 characters long.")
     return RunInstancesRequest(
         image_id, itype, min_count, max_count,
         client_token=token,
-        tags=tuple({**dict(tags), **(stamps or {})}.items()),
+        tags=tuple({**dict(tags["instance"]), **(stamps or {})}.items()),
         user_data=_user_data(p.get("UserData") or ""),
         availability_zone=p.get("Placement.AvailabilityZone") or "",
         dry_run=p.flag("DryRun"),
         options=_launch_options(p),
-        network=parse_launch_network(p, max_count=max_count),
+        network=parse_launch_network(p, max_count=max_count, volume_tags=tags["volume"]),
     )
 
 
@@ -348,7 +325,7 @@ def parse_tags(p: Params, *, deleting: bool) -> TagsRequest:
             checked.append(check_id(kind, rid))
         else:
             raise InvalidID(f"The ID '{rid}' is not valid")
-    tags = _tag_list(p.members("Tag"), values_required=not deleting)
+    tags = tag_list(p.members("Tag"), deleting=deleting)
     if not tags and not deleting:
         p.require("Tag.1.Key")
     return TagsRequest(tuple(dict.fromkeys(checked)), tags, dry_run=p.flag("DryRun"))

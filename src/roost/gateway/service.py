@@ -64,6 +64,7 @@ from roost.gateway.requests import (
     ModifyInstanceRequest,
     RunInstancesRequest,
 )
+from roost.gateway.tagging import changed
 from roost.gateway.templates import TemplateStore
 from roost.gateway.tenancy import account
 from roost.gateway.tokens import Claim, TokenEntry, TokenStore, fingerprint
@@ -457,10 +458,17 @@ class Ec2Service:
 
     async def change_tags(self, ids: tuple[str, ...], tags: dict[str, str | None], *,
                           delete: bool, dry_run: bool) -> None:
+        """Every resource is checked against the tag limit before any is changed, so a
+        call that one resource refuses changes none; each write checks again against
+        what it writes over (`tagging.changed`), which a racing call may have grown."""
         instance_ids = [i for i in ids if i.startswith("i-")]
         others = [i for i in ids if not i.startswith("i-")]
         records = await self.index.require(instance_ids)
-        self.net.require_taggable(others)
+        held = [(r.instance_id, r.tags) for r in records]
+        held += [(n_id, n.tags) for n_id, n in
+                 zip(others, self.net.require_taggable(others), strict=True)]
+        for rid, current in held:
+            changed(rid, current, tags, delete=delete)
         if dry_run:
             raise DryRunOperation(DRY_RUN)
         for rec in records:

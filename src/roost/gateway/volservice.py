@@ -39,6 +39,7 @@ from roost.domain.volumes import (
 )
 from roost.gateway.describe import Field, apply_filters
 from roost.gateway.index import InstanceIndex
+from roost.gateway.netrequests import resource_tags
 from roost.gateway.query import Params
 from roost.gateway.requests import DescribeRequest
 from roost.gateway.tenancy import account
@@ -88,11 +89,8 @@ def parse_create_volume(p: Params) -> CreateVolumeRequest:
     if throughput is not None and vtype != "gp3":
         raise InvalidParameterValue("The parameter throughput is supported only for gp3 "
                                     "volumes.")
-    tags = tuple((t.get("Key") or "", t.get("Value") or "")
-                 for spec in p.members("TagSpecification")
-                 if spec.get("ResourceType") == "volume" for t in spec.members("Tag"))
     return CreateVolumeRequest(zone, size, vtype, iops, throughput,
-                               p.flag("Encrypted"), tags)
+                               p.flag("Encrypted"), resource_tags(p, "volume"))
 
 
 def _now() -> str:
