@@ -68,9 +68,10 @@ def ramp_and_bursts(seed: int, seconds: float) -> tuple[list[float], list[tuple[
 def test_buckets_are_read_by_their_middles() -> None:
     past = PastArrivals(5.0, 40.0, created=(1, 2, 3, 4, 5, 6, 7, 8),
                         completed=(0, 1, 0, 1, 0, 1, 0, 1), ran=(0, 2, 0, 4, 0, 6, 0, 8))
-    assert past.between(10, 30) == (3 + 4 + 5 + 6, 1 + 1, 4 + 6)  # whole buckets: exactly
-    assert past.between(12, 33) == (3 + 4 + 5 + 6 + 7, 2, 10)  # middles 12.5 .. 32.5
-    assert past.between(0, 100) == (36, 4, 20)  # beyond the span: what there is
+    assert past.between(10, 30) == (3 + 4 + 5 + 6, 1 + 1, 4 + 6, 20)  # whole buckets
+    assert past.between(12, 33) == (3 + 4 + 5 + 6 + 7, 2, 10, 25)  # middles 12.5 .. 32.5
+    assert past.between(0, 100) == (36, 4, 20, 100)  # beyond the span: none there
+    assert past.between(11, 12) == (3, 0, 0, 5)  # never less than one bucket
     assert past.busiest(10, 20) == 4 and past.busiest(30, 40) == 8
     assert past.busiest(50, 60) == 0
 
@@ -130,3 +131,16 @@ def test_only_a_pool_with_no_reads_yet_is_read_back() -> None:
 def test_a_span_shorter_than_one_window_reads_nothing_back() -> None:
     past = counted([NOW - 1.0], [], S.rate_window)
     assert Estimates().read_back(past, NOW, S) == Estimates()
+
+
+@pytest.mark.parametrize(("window", "grain"), [(32.0, 5.0), (33.0, 5.0), (7.0, 5.0),
+                                               (45.0, 30.0)])
+def test_a_window_of_no_whole_number_of_buckets_reads_the_rate_unbiased(
+        window: float, grain: float) -> None:
+    """Tasks at exactly 1/s: every replayed read is 1/s, whatever the window's fit to
+    the buckets (it is read over the nearest whole number of them)."""
+    s = PlanSettings(rate_window=window, peak_grain=grain)
+    span = s.rate_window + read_back_span(None, s)
+    past = counted([NOW - k - 0.5 for k in range(int(span))], [], span, grain=grain)
+    est = Estimates().read_back(past, NOW, s)
+    assert est.arrivals and all(r == pytest.approx(1.0, rel=0.02) for _, r in est.arrivals)

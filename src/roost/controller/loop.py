@@ -278,8 +278,10 @@ class Controller:
                 and got[1] == x.spec.expected_revision})
             self._remembered = {}
         if self._past is not None:
-            self.history = read_back(self.history, self._past[1], now=self._past[0],
-                                     settings=s)
+            # a replay of some hundred reads per pool: off the event loop, which must
+            # keep renewing the lease meanwhile
+            self.history = await asyncio.to_thread(
+                read_back, self.history, self._past[1], now=self._past[0], settings=s)
             self._past = None
         p = plan(snapshot, self.history, now=now, settings=self.settings)
         self.history = p.history

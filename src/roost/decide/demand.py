@@ -173,7 +173,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 from dataclasses import dataclass, replace
 
 from roost.decide.snapshot import Demand, Infra, PastArrivals, PlanSettings
@@ -304,7 +303,11 @@ def trimmed_line(xs: list[float], sigmas: float) -> float:
     rest = sorted(xs)[:-1]
     if len(rest) < 2:
         return max(xs)
-    return statistics.mean(rest) + sigmas * statistics.stdev(rest)
+    # float sums, not `statistics`' exact fractions: this runs for every pool at every
+    # read (and for every read a new leader replays), and fsum is exact to a rounding
+    mean = math.fsum(rest) / len(rest)
+    return mean + sigmas * math.sqrt(math.fsum((x - mean) ** 2 for x in rest)
+                                     / (len(rest) - 1))
 
 
 def room_service(held: float | None, service: float, rate: float | None,
@@ -424,14 +427,19 @@ class Estimates:
         est = self
         for j in range(ticks, 0, -1):
             age = j * s.interval
-            created, completed, ran = past.between(age, age + s.rate_window)
-            read = Demand(0, 0, created / s.rate_window, ran / completed if completed else None,
+            created, completed, ran, covered = past.between(age, age + s.rate_window)
+            # per second of the whole buckets read: a window that is not a whole number
+            # of them is read over the nearest whole number
+            read = Demand(0, 0, created / covered, ran / completed if completed else None,
                           past.busiest(age, age + since) / past.grain, completed)
-            est = est.observe(read, None, now - age, s)
+            est = est.observe(read, None, now - age, s, recur=age < s.headroom_window)
         return replace(est, read_back_at=(now, ticks * s.interval)) if ticks else est
 
     def observe(self, demand: Demand | None, infra: Infra | None, now: float,
-                s: PlanSettings) -> Estimates:
+                s: PlanSettings, *, recur: bool = True) -> Estimates:
+        """These estimates with the reads at ``now``. ``recur`` False skips whether bursts
+        recur now: a replayed read a headroom window or more before the leader's first
+        tick, whose recurrence (`recurred`) would have lapsed by then."""
         service, service_at, weight = self.service, self.service_at, self.service_weight
         if demand is not None and demand.service_time is not None and demand.service_time > 0:
             service, weight = smooth_service(service, weight, service_at, demand.service_time,
@@ -482,7 +490,7 @@ class Estimates:
                         turned, self.recurred, weight,
                         now if infra is not None else self.read_at, remembered, arrivals,
                         self.read_back_at)
-        peak = out.peak_rate(s)
+        peak = out.peak_rate(s) if recur else None
         if peak is not None and peak.recurs:
             ceiling = peak.ceiling if peak.ceiling is not None else peak.highest
             out = replace(out, recurred=(now, ceiling))

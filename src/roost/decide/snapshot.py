@@ -125,13 +125,15 @@ class PastArrivals:
     ran: tuple[float, ...] = ()
     """The run times of those completed tasks, summed per bucket, seconds."""
 
-    def between(self, young: float, old: float) -> tuple[int, int, float]:
+    def between(self, young: float, old: float) -> tuple[int, int, float, float]:
         """Created, completed and their summed run time from ``young`` to ``old``
-        seconds before the read: the buckets whose middle falls in that span (exactly
-        those within it when both ends are whole buckets)."""
+        seconds before the read, and the seconds they cover: the buckets whose middle
+        falls in that span (exactly those within it when both ends are whole buckets),
+        at least one."""
         lo = max(0, math.ceil(young / self.grain - 0.5))
-        hi = max(lo, math.ceil(old / self.grain - 0.5))
-        return (sum(self.created[lo:hi]), sum(self.completed[lo:hi]), sum(self.ran[lo:hi]))
+        hi = max(lo + 1, math.ceil(old / self.grain - 0.5))
+        return (sum(self.created[lo:hi]), sum(self.completed[lo:hi]), sum(self.ran[lo:hi]),
+                (hi - lo) * self.grain)
 
     def busiest(self, young: float, old: float) -> int:
         """The most tasks created in one bucket from ``young`` to ``old`` seconds before
