@@ -4,6 +4,7 @@ and the guards in every fenced write."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -91,6 +92,45 @@ async def test_rates_read_the_mean_run_time_and_how_many_completed(db: Any) -> N
     rate, service, completed, _ = (await runtime.read_rates(db, 30.0, grain=5.0, span=30.0))["a"]
     assert (rate, completed) == (0.0, 3)
     assert service == pytest.approx(5.0)
+
+
+async def test_past_tasks_are_counted_by_age_in_buckets(db: Any) -> None:
+    """A new leader's read of the tasks before it (`runtime.read_past`): created and
+    completed by age, per pool, failed and unstarted ones not completed."""
+    for p in ("a", "b"):
+        await pools_q.create_pool(db, pool_spec(p))
+    for pool, n, ago, status in (("a", 3, 2.0, "done"), ("a", 4, 12.0, "failed"),
+                                 ("b", 5, 27.0, "done"), ("b", 1, 400.0, "done")):
+        await db.execute(
+            "INSERT INTO tasks (pool_id, status, created_at, started_at, finished_at) "
+            "SELECT $1, $2, now() - make_interval(secs => $3::float8 + 1), "
+            "now() - make_interval(secs => $3::float8 + 1), "
+            "now() - make_interval(secs => $3::float8) FROM generate_series(1, $4)",
+            pool, status, ago, n)
+    past = await runtime.read_past(db, 30.0, grain=5.0)
+    a, b = past["a"], past["b"]
+    assert (a.grain, a.span, len(a.created)) == (5.0, 30.0, 6)
+    assert a.created == (3, 0, 4, 0, 0, 0)  # created 3 s and 13 s ago
+    assert a.completed == (3, 0, 0, 0, 0, 0) and a.ran == pytest.approx((3.0, 0, 0, 0, 0, 0))
+    assert b.created == b.completed == (0, 0, 0, 0, 0, 5)  # 28 and 27 s ago; not 400 s
+
+
+async def test_every_read_of_the_tasks_is_an_index_range_per_pool(db: Any) -> None:
+    """The rate, peak and read-back queries range over (pool_id, time) indexes with the
+    pool fixed. A range on the time alone cannot use them before Postgres 18's skip
+    scan, and finished tasks are kept: on Postgres 15 every tick scanned the table."""
+    for p in ("a", "b"):
+        await pools_q.create_pool(db, pool_spec(p))
+    async with db.acquire() as conn:
+        await conn.execute("SET enable_seqscan = off")  # the shape, not the cost choice
+        for sql, args in ((runtime._RATES, (30.0,)), (runtime._PEAKS, (10.0, 5.0)),
+                          (runtime._PAST, (1230.0, 5.0))):
+            plan = [r[0] for r in await conn.fetch("EXPLAIN " + sql, *args)]
+            scans = [i for i, line in enumerate(plan) if " on tasks " in line]
+            assert scans and not any("Seq Scan on tasks" in plan[i] for i in scans), plan
+            for i in scans:
+                cond = next(line for line in plan[i + 1:] if "Cond:" in line)
+                assert re.search(r"\(pool_id = p(_\d+)?\.id\)", cond), plan
 
 
 async def test_pool_validation_and_updates(db: Any) -> None:

@@ -221,11 +221,11 @@ async def test_no_pooled_controller_transaction_outlives_half_a_lease(
         settings = {r["name"]: r["setting"] for r in await conn.fetch(
             "SELECT name, setting FROM pg_settings WHERE name IN ('statement_timeout', "
             "'idle_in_transaction_session_timeout', 'transaction_timeout', "
-            "'tcp_keepalives_idle', 'tcp_user_timeout')")}
+            "'tcp_keepalives_idle', 'tcp_user_timeout', 'jit')")}
         assert settings == {"statement_timeout": "5000",
                             "idle_in_transaction_session_timeout": "1000",
                             "transaction_timeout": "1000", "tcp_keepalives_idle": "2",
-                            "tcp_user_timeout": "5000"}
+                            "tcp_user_timeout": "5000", "jit": "off"}
         pid = conn.get_server_pid()
         tx = conn.transaction()
         await tx.start()

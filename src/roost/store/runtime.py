@@ -21,31 +21,38 @@ async def read_demand(conn: Any, *, timeout: float | None = None) -> dict[str, D
     return {str(r["pool_id"]): Demand(int(r["queued"]), int(r["running"])) for r in rows}
 
 
+# Each query reads the tasks pool by pool (a LATERAL subquery per row of worker_pools),
+# so that every range is an index range on (pool_id, created_at) or (pool_id,
+# finished_at). A range on the time alone cannot use those indexes before Postgres 18's
+# skip scan, and finished tasks are kept: on Postgres 15 each read was a sequential scan
+# of the whole table (0.4 s a query at 2.1 million tasks), every tick.
+
 _RATES = """
-SELECT pool_id,
-       count(*) FILTER (WHERE created_at > now() - make_interval(secs => $1)) AS created,
-       avg(ran) AS service,
-       count(ran) AS completed
-FROM (SELECT pool_id, created_at,
-             -- run time of a task done within the window, else NULL: the mean and the
-             -- count of completions are over the same tasks
-             CASE WHEN finished_at > now() - make_interval(secs => $1)
-                       AND status = 'done' AND started_at IS NOT NULL
-                  THEN extract(epoch FROM finished_at - started_at) END AS ran
-      FROM tasks
-      WHERE created_at > now() - make_interval(secs => $1)
-         OR finished_at > now() - make_interval(secs => $1)) AS recent
-GROUP BY pool_id
+SELECT p.id AS pool_id, c.created, d.service, d.completed
+FROM worker_pools AS p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS created FROM tasks AS t
+    WHERE t.pool_id = p.id AND t.created_at > now() - make_interval(secs => $1)) AS c
+CROSS JOIN LATERAL (
+    -- the mean and the count of completions are over the same tasks
+    SELECT avg(extract(epoch FROM t.finished_at - t.started_at)) AS service,
+           count(*) AS completed
+    FROM tasks AS t
+    WHERE t.pool_id = p.id AND t.finished_at > now() - make_interval(secs => $1)
+      AND t.status = 'done' AND t.started_at IS NOT NULL) AS d
+WHERE c.created > 0 OR d.completed > 0
 """
 
 
 _PEAKS = """
-SELECT pool_id, max(n) AS peak
-FROM (SELECT pool_id, count(*) AS n
-      FROM tasks
-      WHERE created_at > now() - make_interval(secs => $1)
-      GROUP BY pool_id, floor(extract(epoch FROM created_at) / $2)) AS buckets
-GROUP BY pool_id
+SELECT p.id AS pool_id, b.peak
+FROM worker_pools AS p
+CROSS JOIN LATERAL (
+    SELECT max(n) AS peak
+    FROM (SELECT count(*) AS n FROM tasks AS t
+          WHERE t.pool_id = p.id AND t.created_at > now() - make_interval(secs => $1)
+          GROUP BY floor(extract(epoch FROM t.created_at) / $2)) AS buckets) AS b
+WHERE b.peak IS NOT NULL
 """
 
 
@@ -70,19 +77,24 @@ async def read_rates(conn: Any, window: float, *, grain: float, span: float,
 
 
 _PAST = """
-SELECT pool_id, false AS finish, k, count(*) AS n, NULL::float8 AS ran
-FROM (SELECT pool_id, floor(extract(epoch FROM now() - created_at) / $2)::int AS k
-      FROM tasks
-      WHERE created_at > now() - make_interval(secs => $1) AND created_at <= now()) AS c
-GROUP BY pool_id, k
+SELECT p.id AS pool_id, false AS finish, c.k, c.n, NULL::float8 AS ran
+FROM worker_pools AS p
+CROSS JOIN LATERAL (
+    SELECT floor(extract(epoch FROM now() - t.created_at) / $2)::int AS k, count(*) AS n
+    FROM tasks AS t
+    WHERE t.pool_id = p.id AND t.created_at > now() - make_interval(secs => $1)
+      AND t.created_at <= now()
+    GROUP BY 1) AS c
 UNION ALL
-SELECT pool_id, true, k, count(*), sum(ran)
-FROM (SELECT pool_id, floor(extract(epoch FROM now() - finished_at) / $2)::int AS k,
-             extract(epoch FROM finished_at - started_at) AS ran
-      FROM tasks
-      WHERE finished_at > now() - make_interval(secs => $1) AND finished_at <= now()
-        AND status = 'done' AND started_at IS NOT NULL) AS d
-GROUP BY pool_id, k
+SELECT p.id, true, d.k, d.n, d.ran
+FROM worker_pools AS p
+CROSS JOIN LATERAL (
+    SELECT floor(extract(epoch FROM now() - t.finished_at) / $2)::int AS k, count(*) AS n,
+           sum(extract(epoch FROM t.finished_at - t.started_at)) AS ran
+    FROM tasks AS t
+    WHERE t.pool_id = p.id AND t.finished_at > now() - make_interval(secs => $1)
+      AND t.finished_at <= now() AND t.status = 'done' AND t.started_at IS NOT NULL
+    GROUP BY 1) AS d
 """
 
 

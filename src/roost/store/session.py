@@ -15,6 +15,8 @@ server drops them. So each session carries its own limits:
 - TCP keepalives and ``tcp_user_timeout``: a peer that vanished off the network is
   noticed in seconds, not after the kernel's two hours.
 
+(And ``jit`` off, which is no bound: see `SessionBounds.server_settings`.)
+
 Settings Postgres does not know (``transaction_timeout`` before 17) are left out after
 one failed connect rather than failing the controller: the other bounds still hold.
 """
@@ -54,6 +56,10 @@ class SessionBounds:
             "tcp_keepalives_interval": "1",
             "tcp_keepalives_count": "3",
             "tcp_user_timeout": ms(idle + 3),
+            # the controller's queries are small index reads, run every tick: compiling
+            # one (tens of milliseconds, when a pool count makes its estimate large)
+            # would cost more than running it
+            "jit": "off",
         }
         if transaction_timeout:
             out["transaction_timeout"] = ms(self.transaction_bound)
