@@ -268,3 +268,38 @@ async def test_a_new_leader_starts_from_the_start_up_the_last_one_measured(rig: 
     assert (await rig.tick(c)).leader and c.last_plan is not None
     assert c.last_plan.pool("p").history.estimates.startup is None
     assert "start-up 30s (default)" in startup_line(c), startup_line(c)
+
+
+async def test_the_leader_deletes_tasks_finished_past_their_retention(rig: Rig) -> None:
+    """Finished tasks are kept for task_retention, then the leader deletes them, once a
+    minute; a queued or running task is never deleted, however old."""
+    await rig.add_pool(replicas=1)
+    rows = (("done", "3 hours", "2 hours"), ("failed", "3 hours", "2 hours"),
+            ("done", "20 minutes", "10 minutes"), ("queued", "3 hours", None),
+            ("running", "3 hours", None))
+    for status, created, finished in rows:
+        await rig.db.execute(
+            "INSERT INTO tasks (pool_id, status, created_at, started_at, finished_at) "
+            "VALUES ('p', $1, now() - $2::text::interval, now() - $2::text::interval, "
+            "now() - $3::text::interval)", status, created, finished)
+
+    async def left() -> list[str]:
+        return sorted(r["status"] for r in await rig.db.fetch("SELECT status FROM tasks"))
+
+    keep_all = rig.controller(task_retention=0)
+    assert (await rig.tick(keep_all)).error is None
+    assert len(await left()) == 5
+    await keep_all.leadership.close()
+    c = rig.controller(task_retention=3600)
+    assert (await rig.tick(c)).error is None
+    assert await left() == ["done", "queued", "running"]
+    assert c.metrics.pruned._value.get() == 2
+    await rig.db.execute(  # another one past it: deleted a minute after the last time
+        "INSERT INTO tasks (pool_id, status, created_at, finished_at) "
+        "VALUES ('p', 'done', now() - interval '3 hours', now() - interval '2 hours')")
+    await rig.tick(c, advance=30)
+    assert len(await left()) == 4
+    await rig.tick(c, advance=30)
+    assert await left() == ["done", "queued", "running"]
+    with pytest.raises(ValueError, match="task_retention must be 0"):
+        rig.controller(task_retention=60)

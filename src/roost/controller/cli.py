@@ -93,6 +93,8 @@ _HELP = {
                      "pools that run on roost's own nodes.",
     "fake": "Serve the in-memory fake orchestrator (demos and tests only).",
     "migrate": "Apply schema migrations on start.",
+    "task_retention": "Seconds a finished task is kept after it finished, then deleted "
+                      "by the leader (0: keep every task; else at least 3600).",
 }
 
 

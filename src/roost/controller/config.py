@@ -29,6 +29,10 @@ import msgspec
 from roost.controller import tomlfile
 from roost.decide.snapshot import PlanSettings
 
+MIN_TASK_RETENTION = 3600.0
+"""The shortest retention of finished tasks: longer than any read of them (a new
+leader reads back 1,230 s with the defaults)."""
+
 
 class SettingError(ValueError):
     """A setting names something unusable (a file that does not load, a cluster that
@@ -84,6 +88,9 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     fake: bool = False
     """Serve an in-memory ``fake`` orchestrator (demos and tests only)."""
     migrate: bool = True
+    task_retention: float = 7 * 86400.0
+    """Seconds a finished (done or failed) task is kept after it finished; then the
+    leader deletes it. 0 keeps every task."""
 
     @property
     def holder_name(self) -> str:
@@ -134,6 +141,10 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
                              "each renewal may take keepalive_timeout")
         if not 0 <= self.http_port <= 65535:
             raise ValueError("http_port must be a TCP port")
+        if self.task_retention != 0 and not self.task_retention >= MIN_TASK_RETENTION:
+            raise ValueError(f"task_retention must be 0 (keep every task) or at least "
+                             f"{MIN_TASK_RETENTION:g} s: the demand model reads finished "
+                             "tasks back that far (rate windows, a new leader's read-back)")
         self.plan_settings().validate()
         return self
 

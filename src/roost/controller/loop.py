@@ -43,6 +43,14 @@ from roost.store.errors import StaleEpoch
 log = logging.getLogger("roost.controller")
 MIN_TICK_SPACING = 1.0
 """Seconds between the starts of two ticks when tasks wake the loop early."""
+PRUNE_EVERY = 60.0
+"""Seconds between a leader's deletions of tasks past `ControllerConfig.task_retention`."""
+PRUNE_BATCH = 5000
+"""Tasks per pool per statement: each delete is short (within ``io_timeout``), and a
+leader deletes again while a pool's whole batch went, up to `PRUNE_BUDGET`."""
+PRUNE_BUDGET = 2.0
+"""Seconds of deletes a leader spends per `PRUNE_EVERY` at most: a pool that finishes
+more tasks than that deletes is caught up over the next minutes."""
 
 
 @dataclass(slots=True)
@@ -88,6 +96,8 @@ class Controller:
         self._remembered: dict[str, tuple[float, str | None]] = {}
         """The previous leadership's start-up estimate per pool, with the release it was
         published for: read when this leadership began and used on its first tick."""
+        self._pruned_at: float | None = None
+        """When this leader last deleted tasks past their retention (monotonic)."""
         self._past: tuple[float, dict[str, PastArrivals]] | None = None
         """Each pool's tasks before this leadership, and when they were read (the
         leader's clock): read when it began and used on its first tick."""
@@ -303,3 +313,24 @@ class Controller:
         finally:
             self.actions.extend(result.actions)
             self.metrics.observe_actions(result.actions)
+        await self._prune()
+
+    async def _prune(self) -> None:
+        """Delete the tasks that finished more than ``task_retention`` ago, once a
+        minute, by the leader alone. Not fenced: a deposed leader deleting them too
+        deletes the same tasks. A failure is logged and never fails the tick: the
+        tasks are deleted at the next try."""
+        keep, at = self.config.task_retention, self.clock.monotonic()
+        if keep <= 0 or (self._pruned_at is not None and at - self._pruned_at < PRUNE_EVERY):
+            return
+        self._pruned_at = at
+        try:
+            async with self.db.acquire() as conn:
+                while True:
+                    n = await runtime.prune_finished(conn, keep, batch=PRUNE_BATCH,
+                                                     timeout=self.config.io_timeout)
+                    self.metrics.pruned.inc(n)
+                    if n < PRUNE_BATCH or self.clock.monotonic() - at > PRUNE_BUDGET:
+                        break
+        except DB_ERRORS as e:
+            log.warning("could not delete tasks past their retention (%s): next time", e)

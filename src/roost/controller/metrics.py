@@ -41,6 +41,8 @@ class ControllerMetrics:
         self.actions = Counter("roost_controller_scale_actions_total",
                                "Scale actions by kind and outcome.",
                                ["pool", "kind", "outcome"], registry=r)
+        self.pruned = Counter("roost_controller_tasks_pruned_total",
+                              "Finished tasks deleted past task_retention.", registry=r)
 
     def clear_plan(self) -> None:
         """Pools come and go, and a follower has no plan: no stale label set lingers."""
