@@ -286,10 +286,12 @@ async def test_the_leader_deletes_tasks_finished_past_their_retention(rig: Rig) 
     async def left() -> list[str]:
         return sorted(r["status"] for r in await rig.db.fetch("SELECT status FROM tasks"))
 
-    keep_all = rig.controller(task_retention=0)
-    assert (await rig.tick(keep_all)).error is None
-    assert len(await left()) == 5
-    await keep_all.leadership.close()
+    for kept in (rig.controller(task_retention=0),  # keeps every task
+                 rig.controller(task_retention=3600, shadow=True)):  # a dry run
+        res = await rig.tick(kept)
+        assert res.error is None and res.leader
+        assert len(await left()) == 5
+        await kept.leadership.close()
     c = rig.controller(task_retention=3600)
     assert (await rig.tick(c)).error is None
     assert await left() == ["done", "queued", "running"]
@@ -301,5 +303,41 @@ async def test_the_leader_deletes_tasks_finished_past_their_retention(rig: Rig) 
     assert len(await left()) == 4
     await rig.tick(c, advance=30)
     assert await left() == ["done", "queued", "running"]
-    with pytest.raises(ValueError, match="task_retention must be 0"):
-        rig.controller(task_retention=60)
+    for bad in ({"task_retention": 60}, {"task_retention": float("inf")},
+                # a new leader reads back two headroom windows: 14,430 s
+                {"task_retention": 3600, "headroom_window": 7200}):
+        with pytest.raises(ValueError, match="task_retention must be 0"):
+            rig.controller(**bad)
+    assert rig.controller(task_retention=14430, headroom_window=7200).config
+
+
+async def test_retention_deletes_a_batch_per_pool_a_statement_until_none_is_full(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backlog (the whole history, when retention is first set) goes a batch of one
+    pool a statement, so that no statement grows with the pools, pass after pass while
+    a pool's batch was full; none starts past the budget."""
+    from roost.controller import loop
+
+    monkeypatch.setattr(loop, "PRUNE_BATCH", 4)
+    for p, n in (("p", 10), ("q", 3), ("r", 0)):
+        await rig.add_pool(p)
+        await rig.db.execute(
+            "INSERT INTO tasks (pool_id, status, created_at, finished_at) SELECT $1, "
+            "'done', now() - interval '3 hours', now() - interval '2 hours' "
+            "FROM generate_series(1, $2)", p, n)
+    calls: list[str] = []
+    prune = loop.runtime.prune_finished
+
+    async def counted(conn: object, pool: str, *args: object, **kw: object) -> int:
+        calls.append(pool)
+        return await prune(conn, pool, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop.runtime, "prune_finished", counted)
+    monkeypatch.setattr(loop, "PRUNE_BUDGET", 0.0)  # spent before the first statement
+    c = rig.controller(task_retention=3600)
+    await rig.tick(c)
+    assert calls == [] and await rig.db.fetchval("SELECT count(*) FROM tasks") == 13
+    monkeypatch.setattr(loop, "PRUNE_BUDGET", 60.0)
+    await rig.tick(c, advance=60)
+    assert sorted(calls) == ["p", "p", "p", "q", "r"]  # 4 + 4 + 2 of p's; q's 3; r none
+    assert await rig.db.fetchval("SELECT count(*) FROM tasks") == 0

@@ -65,6 +65,25 @@ async def test_idempotency_key_returns_the_existing_task(db: Any) -> None:
         await tq.get_task(db, 10**9)
 
 
+async def test_a_key_whose_task_is_deleted_meanwhile_queues_a_new_one(db: Any) -> None:
+    """The key's task went past its retention between the insert that found the key
+    and the read of its task (the leader deletes finished tasks): the key is free
+    again, so the submit queues a new task rather than calling the pool unknown."""
+    old = await tq.submit(db, "p", {"n": 1}, idempotency_key="k")
+
+    class PrunedBetween:
+        """The store's pool, with the old task deleted just before the read of it."""
+
+        async def fetchrow(self, sql: str, *args: Any) -> Any:
+            if sql.startswith("SELECT id, public_id, payload"):
+                await db.execute("DELETE FROM tasks WHERE id = $1", old.task_id)
+            return await db.fetchrow(sql, *args)
+
+    again = await tq.submit(PrunedBetween(), "p", {"n": 1}, idempotency_key="k")
+    assert again.created and again.task_id != old.task_id
+    assert (await tq.get_task(db, again.task_id)).idempotency_key == "k"
+
+
 async def test_concurrent_claims_never_share_a_task(db: Any) -> None:
     await db.execute("INSERT INTO tasks (pool_id, payload) "
                      "SELECT 'p', to_jsonb(i) FROM generate_series(1, 300) i")

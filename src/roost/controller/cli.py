@@ -94,7 +94,8 @@ _HELP = {
     "fake": "Serve the in-memory fake orchestrator (demos and tests only).",
     "migrate": "Apply schema migrations on start.",
     "task_retention": "Seconds a finished task is kept after it finished, then deleted "
-                      "by the leader (0: keep every task; else at least 3600).",
+                      "by the leader, never in shadow mode (0: keep every task; else at "
+                      "least 3600, or what a new leader reads back if longer).",
 }
 
 

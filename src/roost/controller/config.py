@@ -19,6 +19,7 @@ level or under ``[controller]``::
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from pathlib import Path
@@ -27,10 +28,11 @@ from typing import Any
 import msgspec
 
 from roost.controller import tomlfile
+from roost.decide.demand import read_back_span
 from roost.decide.snapshot import PlanSettings
 
 MIN_TASK_RETENTION = 3600.0
-"""The shortest retention of finished tasks: longer than any read of them (a new
+"""The shortest retention of finished tasks, whatever the settings: an hour (a new
 leader reads back 1,230 s with the defaults)."""
 
 
@@ -97,6 +99,14 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         return self.holder or f"{socket.gethostname()}:{os.getpid()}"
 
     @property
+    def least_task_retention(self) -> float:
+        """The shortest `task_retention`: an hour, or the span a new leader reads back
+        at the default start-up if longer (a longer start-up measured later keeps the
+        tasks longer while it holds: `Controller._prune`)."""
+        s = self.plan_settings()
+        return max(MIN_TASK_RETENTION, s.rate_window + read_back_span(None, s))
+
+    @property
     def input_age_limit(self) -> float:
         if self.max_input_age is not None:
             return self.max_input_age
@@ -141,11 +151,12 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
                              "each renewal may take keepalive_timeout")
         if not 0 <= self.http_port <= 65535:
             raise ValueError("http_port must be a TCP port")
-        if self.task_retention != 0 and not self.task_retention >= MIN_TASK_RETENTION:
-            raise ValueError(f"task_retention must be 0 (keep every task) or at least "
-                             f"{MIN_TASK_RETENTION:g} s: the demand model reads finished "
-                             "tasks back that far (rate windows, a new leader's read-back)")
         self.plan_settings().validate()
+        least = self.least_task_retention
+        if self.task_retention != 0 and not least <= self.task_retention < math.inf:
+            raise ValueError(f"task_retention must be 0 (keep every task) or at least "
+                             f"{least:g} s (finite): an hour, or what a new leader reads "
+                             "back with these settings if longer")
         return self
 
 

@@ -46,11 +46,11 @@ MIN_TICK_SPACING = 1.0
 PRUNE_EVERY = 60.0
 """Seconds between a leader's deletions of tasks past `ControllerConfig.task_retention`."""
 PRUNE_BATCH = 5000
-"""Tasks per pool per statement: each delete is short (within ``io_timeout``), and a
-leader deletes again while a pool's whole batch went, up to `PRUNE_BUDGET`."""
+"""Tasks of one pool per statement (tens of milliseconds): a leader deletes again while
+a pool's whole batch went, starting no statement past `PRUNE_BUDGET`."""
 PRUNE_BUDGET = 2.0
-"""Seconds of deletes a leader spends per `PRUNE_EVERY` at most: a pool that finishes
-more tasks than that deletes is caught up over the next minutes."""
+"""Seconds after which a leader starts no more deletes in one `PRUNE_EVERY`: a backlog
+(the whole history, when retention is first set) is worked off over the minutes."""
 
 
 @dataclass(slots=True)
@@ -313,24 +313,37 @@ class Controller:
         finally:
             self.actions.extend(result.actions)
             self.metrics.observe_actions(result.actions)
-        await self._prune()
+        if not self.config.shadow:  # a dry run deletes nothing
+            await self._prune(list(specs))
 
-    async def _prune(self) -> None:
-        """Delete the tasks that finished more than ``task_retention`` ago, once a
-        minute, by the leader alone. Not fenced: a deposed leader deleting them too
-        deletes the same tasks. A failure is logged and never fails the tick: the
+    async def _prune(self, pools: list[str]) -> None:
+        """Delete the tasks that finished more than ``task_retention`` ago (or longer,
+        while a new leader would read them back), once a minute, by the leader alone:
+        a batch per pool a statement, again for the pools whose whole batch went, until
+        none did or `PRUNE_BUDGET` is spent. Not fenced: a deposed leader deleting them
+        too deletes the same tasks. A failure is logged and never fails the tick: the
         tasks are deleted at the next try."""
-        keep, at = self.config.task_retention, self.clock.monotonic()
-        if keep <= 0 or (self._pruned_at is not None and at - self._pruned_at < PRUNE_EVERY):
+        at = self.clock.monotonic()
+        if self.config.task_retention <= 0 or (
+                self._pruned_at is not None and at - self._pruned_at < PRUNE_EVERY):
             return
         self._pruned_at = at
+        s = self.settings
+        keep = max(self.config.task_retention, s.rate_window + max(
+            read_back_span(h.estimates.startup, s) for h in
+            [PoolHistory(), *self.history.values()]))
         try:
             async with self.db.acquire() as conn:
-                while True:
-                    n = await runtime.prune_finished(conn, keep, batch=PRUNE_BATCH,
-                                                     timeout=self.config.io_timeout)
-                    self.metrics.pruned.inc(n)
-                    if n < PRUNE_BATCH or self.clock.monotonic() - at > PRUNE_BUDGET:
-                        break
+                while pools and self.clock.monotonic() - at < PRUNE_BUDGET:
+                    full = []
+                    for pool in pools:
+                        if self.clock.monotonic() - at >= PRUNE_BUDGET:
+                            break
+                        n = await runtime.prune_finished(conn, pool, keep, batch=PRUNE_BATCH,
+                                                         timeout=self.config.io_timeout)
+                        self.metrics.pruned.inc(n)
+                        if n >= PRUNE_BATCH:
+                            full.append(pool)
+                    pools = full
         except DB_ERRORS as e:
             log.warning("could not delete tasks past their retention (%s): next time", e)

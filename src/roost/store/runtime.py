@@ -123,23 +123,22 @@ async def read_past(conn: Any, span: float, *, grain: float,
 _PRUNE = """
 DELETE FROM tasks
 WHERE id IN (
-    SELECT old.id
-    FROM worker_pools AS p
-    CROSS JOIN LATERAL (
-        SELECT t.id FROM tasks AS t
-        WHERE t.pool_id = p.id AND t.finished_at < now() - make_interval(secs => $1)
-          AND t.status IN ('done', 'failed')
-        ORDER BY t.finished_at
-        LIMIT $2) AS old)
+    SELECT id FROM tasks
+    WHERE pool_id = $1 AND finished_at < now() - make_interval(secs => $2)
+      AND status IN ('done', 'failed')
+    ORDER BY finished_at
+    LIMIT $3)
 """
 
 
-async def prune_finished(conn: Any, older_than: float, *, batch: int,
+async def prune_finished(conn: Any, pool_id: str, older_than: float, *, batch: int,
                          timeout: float | None = None) -> int:
-    """Delete up to ``batch`` tasks per pool that finished (done or failed) more than
-    ``older_than`` seconds ago (on the database's clock), oldest first; how many went.
-    Queued and running tasks are never touched, however old."""
-    status = await conn.execute(_PRUNE, float(older_than), int(batch), timeout=timeout)
+    """Delete up to ``batch`` tasks of the pool that finished (done or failed) more than
+    ``older_than`` seconds ago (on the database's clock), oldest first: how many went.
+    Queued and running tasks are never touched, however old. One pool and one batch a
+    statement, so that each is short whatever the pools and the backlog."""
+    status = await conn.execute(_PRUNE, pool_id, float(older_than), int(batch),
+                                timeout=timeout)
     return int(status.split()[-1])
 
 

@@ -167,25 +167,30 @@ async def submit(db: Any, pool_id: str, payload: Any, *, idempotency_key: str | 
     """Queue a task. A key already used in this pool returns that task, if it was
     submitted with the same payload, and raises `IdempotencyConflict` otherwise."""
     body = encode(payload)
-    try:
-        new = await db.fetchrow(
-            "INSERT INTO tasks (pool_id, payload, idempotency_key, max_attempts) "
-            "VALUES ($1, $2::jsonb, $3, $4) "
-            "ON CONFLICT (pool_id, idempotency_key) DO NOTHING RETURNING id, public_id",
-            pool_id, body, idempotency_key, max_attempts,
+    for _ in range(2):  # once more if the key's task went in between (see below)
+        try:
+            new = await db.fetchrow(
+                "INSERT INTO tasks (pool_id, payload, idempotency_key, max_attempts) "
+                "VALUES ($1, $2::jsonb, $3, $4) "
+                "ON CONFLICT (pool_id, idempotency_key) DO NOTHING RETURNING id, public_id",
+                pool_id, body, idempotency_key, max_attempts,
+            )
+        except asyncpg.ForeignKeyViolationError:
+            raise PoolNotFound(pool_id) from None
+        if new is not None:
+            return Submitted(int(new["id"]), created=True, public_id=str(new["public_id"]))
+        # The key exists. ON CONFLICT waited for a concurrent insert of it to commit, and
+        # this statement's snapshot is newer, so the row is visible here, unless it was
+        # deleted in between: past its retention (the key is free again: insert it), or
+        # with its pool (the insert then finds no pool).
+        row = await db.fetchrow(
+            "SELECT id, public_id, payload = $3::jsonb AS same FROM tasks "
+            "WHERE pool_id = $1 AND idempotency_key = $2",
+            pool_id, idempotency_key, body,
         )
-    except asyncpg.ForeignKeyViolationError:
-        raise PoolNotFound(pool_id) from None
-    if new is not None:
-        return Submitted(int(new["id"]), created=True, public_id=str(new["public_id"]))
-    # The key exists. ON CONFLICT waited for a concurrent insert of it to commit, and
-    # this statement's snapshot is newer, so the row is visible here.
-    row = await db.fetchrow(
-        "SELECT id, public_id, payload = $3::jsonb AS same FROM tasks "
-        "WHERE pool_id = $1 AND idempotency_key = $2",
-        pool_id, idempotency_key, body,
-    )
-    if row is None:  # deleted in between (the pool was force-deleted)
+        if row is not None:
+            break
+    if row is None:
         raise PoolNotFound(pool_id)
     if not row["same"]:
         assert idempotency_key is not None
