@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -332,6 +333,7 @@ class Controller:
         keep = max(self.config.task_retention, s.rate_window + max(
             read_back_span(h.estimates.startup, s) for h in
             [PoolHistory(), *self.history.values()]))
+        pools = random.sample(pools, len(pools))  # a budget spent early spares others
         try:
             async with self.db.acquire() as conn:
                 while pools and self.clock.monotonic() - at < PRUNE_BUDGET:
