@@ -58,7 +58,7 @@ from rich.table import Table
 
 from roost.bench.report import fmt, machine, markdown_table, write_json
 from roost.bench.traces import default_data_dir
-from roost.decide.demand import read_back_span
+from roost.decide.demand import past_span
 from roost.decide.drain import MarkDraining, Reactivate, RemoveReplica, ScaleUp
 from roost.decide.plan import Plan, PoolHistory, plan, read_back, remembered
 from roost.decide.snapshot import (
@@ -447,7 +447,7 @@ class RoostPolicy:
         startup = self.history[POOL].estimates.startup if POOL in self.history else None
         self.history = remembered({}, {} if startup is None else {POOL: startup})
         if self.cfg.read_back:
-            past = pool.past(s.rate_window + read_back_span(startup, s), s.peak_grain)
+            past = pool.past(past_span(startup, s), s.peak_grain)
             self.history = read_back(self.history, {POOL: past}, now=now, settings=s)
 
     def tick(self, pool: Pool) -> None:

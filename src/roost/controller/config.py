@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from roost.controller import tomlfile
-from roost.decide.demand import read_back_span
+from roost.decide.demand import past_span
 from roost.decide.snapshot import PlanSettings
 
 MIN_TASK_RETENTION = 3600.0
@@ -103,8 +103,7 @@ class ControllerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         """The shortest `task_retention`: an hour, or the span a new leader reads back
         at the default start-up if longer (a longer start-up measured later keeps the
         tasks longer while it holds: `Controller._prune`)."""
-        s = self.plan_settings()
-        return max(MIN_TASK_RETENTION, s.rate_window + read_back_span(None, s))
+        return max(MIN_TASK_RETENTION, past_span(None, self.plan_settings()))
 
     @property
     def input_age_limit(self) -> float:

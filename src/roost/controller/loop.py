@@ -35,7 +35,7 @@ from roost.controller.inputs import DB_ERRORS, RateReads, read_snapshot
 from roost.controller.leadership import Leadership, LeadershipError
 from roost.controller.metrics import ControllerMetrics
 from roost.controller.orchestrator import Orchestrator
-from roost.decide.demand import read_back_span
+from roost.decide.demand import past_span, peak_span
 from roost.decide.plan import Plan, PoolHistory, plan, read_back, remembered
 from roost.decide.snapshot import Demand, PastArrivals
 from roost.store import fenced, runtime
@@ -246,8 +246,8 @@ class Controller:
         failed read costs only that: the leader reads the arrivals afresh, as it did
         before this was read."""
         s = self.settings
-        span = s.rate_window + max(read_back_span(x, s) for x in
-                                   [None, *(got[0] for got in self._remembered.values())])
+        span = max(past_span(x, s) for x in
+                   [None, *(got[0] for got in self._remembered.values())])
         try:
             async with self.db.acquire() as conn:
                 past = await runtime.read_past(conn, span, grain=s.peak_grain,
@@ -269,14 +269,11 @@ class Controller:
             self._past = await self._read_past()
         s = self.settings
         read_at = self.clock.monotonic()
-        # the peak is read since the previous read (the interval on a first read), so
-        # that each burst counts in one read; never finer than its grain, never past
-        # the rate window
+        # the peak is read since the previous read (the interval on a first read)
         since = self.config.interval if self._rates_read_at is None else \
             read_at - self._rates_read_at
         self._rates_read_at = read_at
-        reads = RateReads(s.rate_window, s.peak_grain,
-                          min(max(since, s.peak_grain), s.rate_window))
+        reads = RateReads(s.rate_window, s.peak_grain, peak_span(since, s))
         snapshot = await read_snapshot(self.db, self.orchestrators, clock=self.clock,
                                        timeout=self.config.io_timeout, rates=reads)
         self._watch_clock(None if snapshot.db is None else snapshot.db.clock_offset)
@@ -330,8 +327,8 @@ class Controller:
             return
         self._pruned_at = at
         s = self.settings
-        keep = max(self.config.task_retention, s.rate_window + max(
-            read_back_span(h.estimates.startup, s) for h in
+        keep = max(self.config.task_retention, *(
+            past_span(h.estimates.startup, s) for h in
             [PoolHistory(), *self.history.values()]))
         pools = random.sample(pools, len(pools))  # a budget spent early spares others
         try:

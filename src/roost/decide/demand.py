@@ -208,6 +208,20 @@ def read_back_span(startup: float | None, s: PlanSettings) -> float:
     return max(2 * s.headroom_window, rise_keep(startup, s))
 
 
+def past_span(startup: float | None, s: PlanSettings) -> float:
+    """How far back the tasks a new leader reads reach: its reads' span
+    (`read_back_span`) and the rate window of the oldest. The store's read, the
+    retention's floor and the bench all take it from here."""
+    return s.rate_window + read_back_span(startup, s)
+
+
+def peak_span(since: float, s: PlanSettings) -> float:
+    """The span the busiest ``peak_grain`` of arrivals is read over: the time since the
+    previous read, so that each burst counts in one read; never finer than its grain,
+    never past the rate window. The live read and a new leader's replay of it alike."""
+    return min(max(since, s.peak_grain), s.rate_window)
+
+
 def rise(arrivals: tuple[tuple[float, float], ...], now: float, span: float,
          s: PlanSettings) -> tuple[float, tuple[float, ...]] | None:
     """The arrival rate's slope (tasks/s per second) on a sustained rise, and the reads
@@ -421,8 +435,7 @@ class Estimates:
         if s.interval <= 0:
             return self
         reach = min(read_back_span(self.startup, s), past.span - s.rate_window)
-        # the peak of each read is over the time since the previous read, as live
-        since = min(max(s.interval, s.peak_grain), s.rate_window)
+        since = peak_span(s.interval, s)  # each read's peak: since the one before
         ticks = max(0, math.floor(reach / s.interval + 1e-9))
         est = self
         for j in range(ticks, 0, -1):
