@@ -492,7 +492,7 @@ def _try(ec2: Any, request: dict[str, Any]) -> Any:
 def test_one_server_of_a_nats_cluster_killed_under_load(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """The server the gateway is connected to is killed for good. The buckets are
-    replicated to all three servers (`bucket_replicas`), so what remains keeps quorum;
+    replicated to all three servers (`key_value`), so what remains keeps quorum;
     the gateway and the nodes on that server reconnect to the others."""
     with NatsCluster(3, base_dir=tmp_path_factory.mktemp("nats-cluster")) as nats:
         cluster = make_cluster(tmp_path_factory.mktemp("on-cluster"), nodes=3,

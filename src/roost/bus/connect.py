@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
 import nats
@@ -52,24 +54,59 @@ async def key_value(
 
     In a fresh cluster, JetStream may still be electing its meta leader: retry briefly
     rather than fail a start that would succeed a second later. A bucket made on a
-    cluster is replicated to three servers (or all, if fewer), so losing one server
-    loses no bucket and blocks no write; one server keeps it on itself.
+    cluster is replicated to three of its servers (all, if fewer), so losing one server
+    loses no bucket and blocks no write; one server keeps it on itself. The count is
+    JetStream's, not the servers the connected one named when we connected: one that
+    had not met all its routes yet named fewer, and a bucket of two copies on three
+    servers is lost with either of its two (`NO_SUITABLE_PEERS`).
     """
     js = nc.jetstream()
-    replicas = bucket_replicas(nc)
+    replicas = _REPLICAS.get(nc) or (3 if _clustered(nc) else 1)
+    refused_since: float | None = None  # when placing `replicas` copies was first refused
     last: Exception | None = None
     for _ in range(attempts):
         try:
             try:
                 return await js.key_value(bucket)
             except BucketNotFoundError:
-                return await js.create_key_value(KeyValueConfig(
+                kv = await js.create_key_value(KeyValueConfig(
                     bucket=bucket, history=history, ttl=ttl, replicas=replicas,
                     direct=direct or None))
-        except (nats.errors.TimeoutError, APIError, nats.errors.NoRespondersError) as exc:
+                _REPLICAS[nc] = replicas
+                return kv
+        except APIError as exc:
+            last = exc
+            if exc.err_code == NO_SUITABLE_PEERS and replicas > 1:
+                now = time.monotonic()
+                refused_since = refused_since or now
+                if now - refused_since >= PLACEMENT_SETTLE:
+                    replicas, refused_since = replicas - 1, None
+                    log.warning("JetStream cluster has fewer than %d servers: bucket %s "
+                                "gets %d copies", replicas + 1, bucket, replicas)
+            await asyncio.sleep(0.2)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             last = exc
             await asyncio.sleep(0.2)
     raise RuntimeError(f"JetStream KV bucket {bucket!r} unavailable: {last}")
+
+
+NO_SUITABLE_PEERS = 10005
+"""JetStream's error code for a stream that asks for more copies than its cluster has
+servers ("no suitable peers for placement"). A server that is down still counts: the
+meta group remembers every server that ever joined it."""
+
+PLACEMENT_SETTLE = 2.0
+"""Seconds `key_value` goes on asking for a bucket's copies while JetStream refuses to
+place them, before it asks for one fewer: a cluster still forming may not have met its
+last server yet."""
+
+_REPLICAS: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
+"""The copies the last bucket a connection made got, so that the next bucket does not
+wait out `PLACEMENT_SETTLE` again on a cluster of fewer than three servers."""
+
+
+def _clustered(nc: Client) -> bool:
+    return bool(nc._server_info.get("cluster"))  # nats-py keeps the server's INFO private
 
 
 class NoDirectGet(Exception):
@@ -115,15 +152,6 @@ async def last_values(nc: Client, bucket: str, keys: str, *, timeout: float
                 out[headers.get("Nats-Subject", "").removeprefix(prefix)] = msg.data
     finally:
         await sub.unsubscribe()
-
-
-def bucket_replicas(nc: Client) -> int:
-    """3 on a JetStream cluster of three or more servers (as many as there are, if
-    fewer), 1 on a lone server: what the server said of its cluster on connecting."""
-    info = nc._server_info  # nats-py keeps the server's INFO private
-    if not info.get("cluster"):
-        return 1
-    return max(1, min(3, len(info.get("connect_urls") or [])))
 
 
 WATCH_IDLE = 30.0

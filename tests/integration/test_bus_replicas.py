@@ -1,0 +1,57 @@
+"""How many copies `key_value` gives a bucket it makes, on real NATS clusters: three on
+a cluster of three even when the client connected before the server had met the others
+(a bucket of two copies there is lost with either server that holds it), two on a
+cluster of two, one on a lone server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from roost.bus.connect import connect, key_value
+from roost.embedded import NatsCluster, NatsServer
+
+
+async def _copies(url: str, bucket: str) -> int:
+    nc = await connect([url], name="replicas-test")
+    try:
+        await key_value(nc, bucket)
+        info = await nc.jetstream().stream_info(f"KV_{bucket}")
+        assert info.config.num_replicas is not None
+        return info.config.num_replicas
+    finally:
+        await nc.close()
+
+
+async def test_a_client_that_connected_before_the_cluster_formed_makes_three_copies(
+        tmp_path: Path) -> None:
+    cluster = NatsCluster(3, base_dir=tmp_path)
+    first, *rest = cluster.servers
+    first.start()
+    try:
+        nc = await connect([first.url], name="replicas-test")
+        try:
+            # The race this guards against: the server names no other server yet.
+            assert len(nc._server_info.get("connect_urls") or []) <= 1
+            for s in rest:
+                s.start()
+            kv = await key_value(nc, "early")
+            await kv.put("k", b"v")
+            info = await nc.jetstream().stream_info("KV_early")
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+            # The second bucket the connection makes needs no new placement.
+            await key_value(nc, "later")
+            assert (await nc.jetstream().stream_info("KV_later")).config.num_replicas == 3
+        finally:
+            await nc.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_cluster_of_two_servers_gets_two_copies(tmp_path: Path) -> None:
+    with NatsCluster(2, base_dir=tmp_path) as cluster:
+        assert await _copies(cluster.urls[0], "pair") == 2
+
+
+async def test_a_lone_server_gets_one_copy(nats_server: NatsServer) -> None:
+    assert await _copies(nats_server.url, "lone") == 1
