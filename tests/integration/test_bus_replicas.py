@@ -1,11 +1,14 @@
 """How many copies `key_value` gives a bucket it makes, on real NATS clusters: three on
 a cluster of three even when the client connected before the server had met the others
 (a bucket of two copies there is lost with either server that holds it), two on a
-cluster of two, one on a lone server."""
+cluster of two, one on a lone server; and a bucket found with fewer copies is given the
+rest."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from nats.js.api import KeyValueConfig
 
 from roost.bus.connect import connect, key_value
 from roost.embedded import NatsCluster, NatsServer
@@ -46,6 +49,24 @@ async def test_a_client_that_connected_before_the_cluster_formed_makes_three_cop
             await nc.close()
     finally:
         cluster.stop()
+
+
+async def test_a_bucket_made_with_fewer_copies_is_given_the_rest(tmp_path: Path) -> None:
+    """A bucket an earlier roost made with one copy on a cluster of three is scaled to
+    three when it is opened, keeping its entries."""
+    with NatsCluster(3, base_dir=tmp_path) as cluster:
+        nc = await connect([cluster.urls[0]], name="replicas-test")
+        try:
+            await key_value(nc, "warm")  # JetStream has its meta leader
+            js = nc.jetstream()
+            kv = await js.create_key_value(KeyValueConfig(bucket="old", replicas=1))
+            await kv.put("k", b"v")
+            again = await key_value(nc, "old")
+            assert (await js.stream_info("KV_old")).config.num_replicas == 3
+            entry = await again.get("k")
+            assert entry.value == b"v"
+        finally:
+            await nc.close()
 
 
 async def test_a_cluster_of_two_servers_gets_two_copies(tmp_path: Path) -> None:

@@ -67,7 +67,9 @@ async def key_value(
     for _ in range(attempts):
         try:
             try:
-                return await js.key_value(bucket)
+                kv = await js.key_value(bucket)
+                await _keep_copies(nc, bucket)
+                return kv
             except BucketNotFoundError:
                 kv = await js.create_key_value(KeyValueConfig(
                     bucket=bucket, history=history, ttl=ttl, replicas=replicas,
@@ -103,6 +105,29 @@ last server yet."""
 _REPLICAS: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
 """The copies the last bucket a connection made got, so that the next bucket does not
 wait out `PLACEMENT_SETTLE` again on a cluster of fewer than three servers."""
+
+
+async def _keep_copies(nc: Client, bucket: str) -> None:
+    """Give a bucket found with fewer copies than a cluster holds the rest: JetStream
+    scales a stream's copies in place. An earlier roost counted the servers the
+    connected one named, and made some buckets with two copies on three servers. A
+    cluster of fewer servers refuses (`NO_SUITABLE_PEERS`): the bucket keeps what it
+    has. Opening the bucket never fails for this."""
+    if not _clustered(nc):
+        return
+    want = _REPLICAS.get(nc, 3)
+    js = nc.jetstream()
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+        have = info.config.num_replicas or 1
+        if have < want:
+            await js.update_stream(info.config.evolve(num_replicas=want))
+            log.warning("bucket %s had %d copies; it now has %d", bucket, have, want)
+    except APIError as exc:
+        if exc.err_code != NO_SUITABLE_PEERS:
+            log.warning("could not give bucket %s %d copies: %s", bucket, want, exc)
+    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        log.warning("could not give bucket %s %d copies: %r", bucket, want, exc)
 
 
 def _clustered(nc: Client) -> bool:
