@@ -122,6 +122,12 @@ def test_describe_instance_types_lists_full_types_too(ec2: Any) -> None:
 def test_zones_regions_images(ec2: Any) -> None:
     zones = ec2.describe_availability_zones()["AvailabilityZones"]
     assert [z["ZoneName"] for z in zones] == ["roost-1a"]
+    by_id = ec2.describe_availability_zones(ZoneIds=[zones[0]["ZoneId"]])
+    assert [z["ZoneName"] for z in by_id["AvailabilityZones"]] == ["roost-1a"]
+    with pytest.raises(ClientError) as exc:
+        ec2.describe_availability_zones(ZoneIds=["roost1-az9"])
+    assert code(exc) == "InvalidParameterValue"
+    assert "roost1-az9" in exc.value.response["Error"]["Message"]
     assert ec2.describe_regions()["Regions"][0]["RegionName"] == "roost-1"
     assert ec2.describe_images(ImageIds=[IMAGE])["Images"][0]["State"] == "available"
 

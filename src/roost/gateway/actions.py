@@ -55,7 +55,8 @@ async def describe_instance_types(c: Call) -> str:
 
 
 async def describe_availability_zones(c: Call) -> str:
-    zones = c.reads.describe_zones(rq.parse_describe_named(c.params, "ZoneName"))
+    zones = c.reads.describe_zones(rq.parse_describe_named(c.params, "ZoneName"),
+                                   zone_ids=tuple(c.params.values("ZoneId")))
     return render.zones(zones, c.request_id)
 
 

@@ -169,14 +169,19 @@ class Ec2Reads:
         return [Zone(name, region, f"{compact}-az{i + 1}")
                 for i, name in enumerate(self.service.zones())]
 
-    def describe_zones(self, req: DescribeRequest) -> list[Zone]:
+    def describe_zones(self, req: DescribeRequest, zone_ids: tuple[str, ...] = ()
+                       ) -> list[Zone]:
+        """The zones named (``ZoneName.N``) or whose ids are given (``ZoneId.N``), or
+        all without either; then the filters."""
         _check_dry_run(req)
         zones = self.all_zones()
-        known = {z.name for z in zones}
-        for name in req.ids:
-            if name not in known:
-                raise InvalidParameterValue(f"The zone '{name}' does not exist.")
-        chosen = [z for z in zones if not req.ids or z.name in req.ids]
+        for given, what, known in ((req.ids, "zone", {z.name for z in zones}),
+                                   (zone_ids, "zone ID", {z.zone_id for z in zones})):
+            for ref in given:
+                if ref not in known:
+                    raise InvalidParameterValue(f"The {what} '{ref[:80]}' does not exist.")
+        chosen = [z for z in zones if not (req.ids or zone_ids)
+                  or z.name in req.ids or z.zone_id in zone_ids]
         return apply_filters(chosen, req.filters, ZONE_FIELDS)
 
     def describe_regions(self, req: DescribeRequest) -> list[tuple[str, str]]:
