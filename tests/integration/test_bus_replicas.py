@@ -1,13 +1,14 @@
 """How many copies `key_value` gives a bucket it makes, on real NATS clusters: three on
 a cluster of three even when the client connected before the server had met the others
 (a bucket of two copies there is lost with either server that holds it), two on a
-cluster of two, one on a lone server; and a bucket found with fewer copies is given the
-rest."""
+cluster of two, one on a lone server; and a bucket found with fewer copies is warned of."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 from nats.js.api import KeyValueConfig
 
 from roost.bus.connect import connect, key_value
@@ -42,7 +43,6 @@ async def test_a_client_that_connected_before_the_cluster_formed_makes_three_cop
             info = await nc.jetstream().stream_info("KV_early")
             assert info.config.num_replicas == 3
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2
-            # The second bucket the connection makes needs no new placement.
             await key_value(nc, "later")
             assert (await nc.jetstream().stream_info("KV_later")).config.num_replicas == 3
         finally:
@@ -51,9 +51,12 @@ async def test_a_client_that_connected_before_the_cluster_formed_makes_three_cop
         cluster.stop()
 
 
-async def test_a_bucket_made_with_fewer_copies_is_given_the_rest(tmp_path: Path) -> None:
-    """A bucket an earlier roost made with one copy on a cluster of three is scaled to
-    three when it is opened, keeping its entries."""
+async def test_a_bucket_found_with_fewer_copies_is_warned_of(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A bucket made with one copy on a cluster of three (by an earlier roost) opens,
+    keeping its entries, with a warning that says how to give it three; it is not
+    scaled up behind the operator's back (JetStream would place a copy on a server
+    that is down)."""
     with NatsCluster(3, base_dir=tmp_path) as cluster:
         nc = await connect([cluster.urls[0]], name="replicas-test")
         try:
@@ -61,10 +64,22 @@ async def test_a_bucket_made_with_fewer_copies_is_given_the_rest(tmp_path: Path)
             js = nc.jetstream()
             kv = await js.create_key_value(KeyValueConfig(bucket="old", replicas=1))
             await kv.put("k", b"v")
-            again = await key_value(nc, "old")
-            assert (await js.stream_info("KV_old")).config.num_replicas == 3
+            # A connection made once the cluster has formed, so that its server names
+            # all three (the count the warning gives).
+            nc2 = await connect([cluster.urls[0]], name="replicas-test")
+            assert len(nc2._server_info.get("connect_urls") or []) == 3
+            with caplog.at_level(logging.WARNING, logger="roost.bus.connect"):
+                again = await key_value(nc2, "old")
+            assert "bucket old has 1 copies" in caplog.text
+            assert "--replicas 3" in caplog.text
+            assert (await js.stream_info("KV_old")).config.num_replicas == 1
             entry = await again.get("k")
             assert entry.value == b"v"
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="roost.bus.connect"):
+                await key_value(nc2, "warm")
+            assert "copies" not in caplog.text
+            await nc2.close()
         finally:
             await nc.close()
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 
 import nats
@@ -54,37 +52,35 @@ async def key_value(
 
     In a fresh cluster, JetStream may still be electing its meta leader: retry briefly
     rather than fail a start that would succeed a second later. A bucket made on a
-    cluster is replicated to three of its servers (all, if fewer), so losing one server
-    loses no bucket and blocks no write; one server keeps it on itself. The count is
-    JetStream's, not the servers the connected one named when we connected: one that
-    had not met all its routes yet named fewer, and a bucket of two copies on three
-    servers is lost with either of its two (`NO_SUITABLE_PEERS`).
+    cluster gets three copies, so losing one server loses no bucket and blocks no write;
+    one server keeps it on itself. Three is asked for whatever the connected server
+    named on connecting (one that had not met all its routes yet named fewer, and a
+    bucket of two copies on three servers is lost with either of its two). Only when
+    JetStream goes on refusing to place them (`PLACEMENT_REFUSALS`) is one fewer asked
+    for: a cluster of two servers, or one whose third server has not joined yet.
     """
     js = nc.jetstream()
-    replicas = _REPLICAS.get(nc) or (3 if _clustered(nc) else 1)
-    refused_since: float | None = None  # when placing `replicas` copies was first refused
+    replicas = 3 if _clustered(nc) else 1
+    refused = 0  # refusals in a row to place `replicas` copies
     last: Exception | None = None
     for _ in range(attempts):
         try:
             try:
                 kv = await js.key_value(bucket)
-                await _keep_copies(nc, bucket)
+                await _check_copies(nc, bucket)
                 return kv
             except BucketNotFoundError:
-                kv = await js.create_key_value(KeyValueConfig(
+                return await js.create_key_value(KeyValueConfig(
                     bucket=bucket, history=history, ttl=ttl, replicas=replicas,
                     direct=direct or None))
-                _REPLICAS[nc] = replicas
-                return kv
         except APIError as exc:
             last = exc
             if exc.err_code == NO_SUITABLE_PEERS and replicas > 1:
-                now = time.monotonic()
-                refused_since = refused_since or now
-                if now - refused_since >= PLACEMENT_SETTLE:
-                    replicas, refused_since = replicas - 1, None
-                    log.warning("JetStream cluster has fewer than %d servers: bucket %s "
-                                "gets %d copies", replicas + 1, bucket, replicas)
+                refused += 1
+                if refused >= PLACEMENT_REFUSALS:
+                    replicas, refused = replicas - 1, 0
+                    log.warning("JetStream places no %d copies of bucket %s (%s): asking "
+                                "for %d", replicas + 1, bucket, exc.description, replicas)
             await asyncio.sleep(0.2)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             last = exc
@@ -93,41 +89,36 @@ async def key_value(
 
 
 NO_SUITABLE_PEERS = 10005
-"""JetStream's error code for a stream that asks for more copies than its cluster has
-servers ("no suitable peers for placement"). A server that is down still counts: the
-meta group remembers every server that ever joined it."""
+"""JetStream's error code for a stream it cannot place ("no suitable peers for
+placement"): more copies than the servers it knows of (one that is down still counts:
+the meta group remembers every server that ever joined it), or none with room."""
 
-PLACEMENT_SETTLE = 2.0
-"""Seconds `key_value` goes on asking for a bucket's copies while JetStream refuses to
-place them, before it asks for one fewer: a cluster still forming may not have met its
-last server yet."""
-
-_REPLICAS: weakref.WeakKeyDictionary[Client, int] = weakref.WeakKeyDictionary()
-"""The copies the last bucket a connection made got, so that the next bucket does not
-wait out `PLACEMENT_SETTLE` again on a cluster of fewer than three servers."""
+PLACEMENT_REFUSALS = 10
+"""Refusals in a row (0.2 s apart, so at least 2 s) before `key_value` asks for one
+copy fewer: a cluster still forming may not have met its last server yet. Each bucket
+waits this out on its own, once, when it is made: a bucket is made once in a
+cluster's life."""
 
 
-async def _keep_copies(nc: Client, bucket: str) -> None:
-    """Give a bucket found with fewer copies than a cluster holds the rest: JetStream
-    scales a stream's copies in place. An earlier roost counted the servers the
-    connected one named, and made some buckets with two copies on three servers. A
-    cluster of fewer servers refuses (`NO_SUITABLE_PEERS`): the bucket keeps what it
-    has. Opening the bucket never fails for this."""
+async def _check_copies(nc: Client, bucket: str) -> None:
+    """Warn of a bucket found on a cluster with fewer copies than its servers could
+    hold: made while a server had not joined yet, or by an earlier roost that counted
+    the servers the connected one named. It is not scaled up here: JetStream would
+    place a copy on a server that is down, and the bucket would then need every server
+    that is up to take a write. Opening the bucket never fails for this."""
     if not _clustered(nc):
         return
-    want = _REPLICAS.get(nc, 3)
-    js = nc.jetstream()
+    servers = len(nc._server_info.get("connect_urls") or ())
     try:
-        info = await js.stream_info(f"KV_{bucket}")
-        have = info.config.num_replicas or 1
-        if have < want:
-            await js.update_stream(info.config.evolve(num_replicas=want))
-            log.warning("bucket %s had %d copies; it now has %d", bucket, have, want)
-    except APIError as exc:
-        if exc.err_code != NO_SUITABLE_PEERS:
-            log.warning("could not give bucket %s %d copies: %s", bucket, want, exc)
-    except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-        log.warning("could not give bucket %s %d copies: %r", bucket, want, exc)
+        info = await nc.jetstream().stream_info(f"KV_{bucket}")
+    except (APIError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        return  # the bucket's own reads and writes will say what is wrong
+    have = info.config.num_replicas or 1
+    if have < min(3, servers):
+        log.warning("bucket %s has %d copies on a NATS cluster of %d servers: losing a "
+                    "server that holds one can stop its writes. With every server up, "
+                    "give it %d: nats stream edit KV_%s --replicas %d", bucket, have,
+                    servers, min(3, servers), bucket, min(3, servers))
 
 
 def _clustered(nc: Client) -> bool:
