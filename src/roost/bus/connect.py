@@ -63,7 +63,10 @@ async def key_value(
     replicas = 3 if _clustered(nc) else 1
     refused = 0  # refusals in a row to place `replicas` copies
     last: Exception | None = None
-    for _ in range(attempts):
+    for attempt in range(attempts):
+        if attempt and attempt % 10 == 0:  # a start waiting on JetStream says so
+            log.warning("JetStream KV bucket %s not available yet (%d attempts of %d): %r",
+                        bucket, attempt, attempts, last)
         try:
             try:
                 kv = await js.key_value(bucket)
