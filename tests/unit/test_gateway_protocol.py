@@ -144,10 +144,12 @@ def test_describe_instances_rules() -> None:
         "Filters": [{"Name": "tag:Name", "Values": ["a", "b*"]}], "MaxResults": 5})
     req = rq.parse_describe_instances(p)
     assert req.filters[0].values == ("a", "b*") and req.page.max_results == 5
-    with pytest.raises(InvalidParameterCombination):
-        rq.parse_describe_instances(Params({"InstanceId.1": IID, "MaxResults": "5"}))
-    with pytest.raises(InvalidParameterValue):
-        rq.parse_describe_instances(Params({"MaxResults": "4"}))
+    for parse in (rq.parse_describe_instances, rq.parse_describe_instance_status):
+        with pytest.raises(InvalidParameterCombination):
+            parse(Params({"InstanceId.1": IID, "MaxResults": "5"}))
+        with pytest.raises(InvalidParameterValue):
+            parse(Params({"MaxResults": "4"}))
+        assert parse(Params({"InstanceId.1": IID})).ids == (IID,)
 
 
 def test_tags_requests() -> None:

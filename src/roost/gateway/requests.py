@@ -270,21 +270,27 @@ def parse_terminate_instances(p: Params) -> InstanceIdsRequest:
     return parse_instance_ids(p)
 
 
-def parse_describe_instances(p: Params) -> DescribeRequest:
+def _ids_or_page(p: Params) -> tuple[tuple[str, ...], Page]:
+    """Instance ids or a page size, never both (EC2's rule for the Describe calls
+    that take either)."""
     ids = instance_ids(p.values("InstanceId"))
     page = _page(p, low=5, high=1000)
     if ids and page.max_results is not None:
         raise InvalidParameterCombination(
             "The parameter instancesSet cannot be used with the parameter maxResults"
         )
+    return ids, page
+
+
+def parse_describe_instances(p: Params) -> DescribeRequest:
+    ids, page = _ids_or_page(p)
     return DescribeRequest(ids, filters(p), page, dry_run=p.flag("DryRun"))
 
 
 def parse_describe_instance_status(p: Params) -> DescribeRequest:
-    return DescribeRequest(
-        instance_ids(p.values("InstanceId")), filters(p), _page(p, low=5, high=1000),
-        dry_run=p.flag("DryRun"), include_all=p.flag("IncludeAllInstances"),
-    )
+    ids, page = _ids_or_page(p)
+    return DescribeRequest(ids, filters(p), page, dry_run=p.flag("DryRun"),
+                           include_all=p.flag("IncludeAllInstances"))
 
 
 def parse_describe_credit_specifications(p: Params) -> DescribeRequest:
