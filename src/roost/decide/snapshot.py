@@ -130,17 +130,22 @@ class PastArrivals:
         seconds before the read, and the seconds they cover: the buckets whose middle
         falls in that span (exactly those within it when both ends are whole buckets),
         at least one."""
-        lo = max(0, math.ceil(young / self.grain - 0.5))
-        hi = max(lo + 1, math.ceil(old / self.grain - 0.5))
+        lo, hi = self._buckets(young, old)
+        hi = max(lo + 1, hi)
         return (sum(self.created[lo:hi]), sum(self.completed[lo:hi]), sum(self.ran[lo:hi]),
                 (hi - lo) * self.grain)
 
     def busiest(self, young: float, old: float) -> int:
         """The most tasks created in one bucket from ``young`` to ``old`` seconds before
         the read (buckets as in `between`)."""
-        lo = max(0, math.ceil(young / self.grain - 0.5))
-        hi = max(lo, math.ceil(old / self.grain - 0.5))
+        lo, hi = self._buckets(young, old)
         return max(self.created[lo:hi], default=0)
+
+    def _buckets(self, young: float, old: float) -> tuple[int, int]:
+        """The buckets whose middle falls from ``young`` to ``old`` seconds before the
+        read, as a slice (empty if none does)."""
+        lo = max(0, math.ceil(young / self.grain - 0.5))
+        return lo, max(lo, math.ceil(old / self.grain - 0.5))
 
 
 @dataclass(frozen=True, slots=True)
