@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from roost.gateway.keys import new_key_pair
 from tests.e2e.conftest import IMAGE, ThreadedCluster, make_cluster
-from tests.e2e.test_boto3 import code, run, wait_state
+from tests.e2e.test_boto3 import _without_validation, code, run, wait_state
 
 ED25519_PUB = new_key_pair("ed25519").public_key
 
@@ -775,3 +775,59 @@ def test_an_images_root_mapping_is_its_instances_default(ec2: Any, tmp_path: Any
     wait_state(ec2, inst["InstanceId"], "terminated", timeout=30)
     ec2.delete_volume(VolumeId=vol["VolumeId"])  # kept: the image said so
     ec2.deregister_image(ImageId=ami)
+
+
+def _paged(ec2: Any, operation: str, key: str, field: str, size: int, **kw: Any
+           ) -> list[list[str]]:
+    """The ids of each page boto3's paginator reads at ``size`` a page."""
+    pages = ec2.get_paginator(operation).paginate(PaginationConfig={"PageSize": size}, **kw)
+    return [[item[field] for item in page[key]] for page in pages]
+
+
+def test_every_describe_pages_with_max_results_and_next_token(
+        ec2: Any, cluster: ThreadedCluster) -> None:
+    """boto3's paginators read every VPC, subnet, group, route table, ACL, volume,
+    image and launch template once, over more than one page; MaxResults out of EC2's
+    bounds is refused; without MaxResults all come in one answer, as before."""
+    vpcs = [ec2.create_vpc(CidrBlock=f"10.{200 + i}.0.0/16")["Vpc"]["VpcId"] for i in range(6)]
+    subnets = [ec2.create_subnet(VpcId=vpcs[0], CidrBlock=f"10.200.{i}.0/24")["Subnet"]
+               ["SubnetId"] for i in range(6)]
+    zone = ec2.describe_availability_zones()["AvailabilityZones"][0]["ZoneName"]
+    volumes = [ec2.create_volume(AvailabilityZone=zone, Size=1)["VolumeId"] for _ in range(6)]
+    templates = [ec2.create_launch_template(
+        LaunchTemplateName=f"paged-{i}", LaunchTemplateData={"InstanceType": "t3.micro"},
+    )["LaunchTemplate"]["LaunchTemplateId"] for i in range(3)]
+    try:
+        for operation, key, field, size in [
+            ("describe_vpcs", "Vpcs", "VpcId", 5),
+            ("describe_subnets", "Subnets", "SubnetId", 5),
+            ("describe_security_groups", "SecurityGroups", "GroupId", 5),
+            ("describe_route_tables", "RouteTables", "RouteTableId", 5),
+            ("describe_network_acls", "NetworkAcls", "NetworkAclId", 5),
+            ("describe_volumes", "Volumes", "VolumeId", 5),
+            ("describe_images", "Images", "ImageId", 1),
+            ("describe_launch_templates", "LaunchTemplates", "LaunchTemplateId", 2),
+        ]:
+            whole = [item[field] for item in getattr(ec2, operation)()[key]]
+            pages = _paged(ec2, operation, key, field, size)
+            read = [i for page in pages for i in page]
+            assert len(pages) > 1 and all(len(p) <= size for p in pages), (operation, pages)
+            assert sorted(read) == sorted(whole) and len(set(read)) == len(read), operation
+        assert set(vpcs) <= {v["VpcId"] for v in ec2.describe_vpcs()["Vpcs"]}
+        raw = _without_validation(cluster)  # botocore refuses these before sending
+        fails("InvalidParameterValue", raw.describe_vpcs, MaxResults=4)
+        fails("InvalidParameterValue", raw.describe_route_tables, MaxResults=101)
+        fails("InvalidParameterValue", raw.describe_launch_templates, MaxResults=201)
+        fails("InvalidParameterValue", raw.describe_volumes, MaxResults=0)
+        fails("InvalidPaginationToken", ec2.describe_subnets, MaxResults=5, NextToken="%%")
+        fails("InvalidParameterCombination", ec2.describe_network_interfaces,
+              NetworkInterfaceIds=["eni-0123456789abcdef0"], MaxResults=5)
+    finally:
+        for t in templates:
+            ec2.delete_launch_template(LaunchTemplateId=t)
+        for v in volumes:
+            ec2.delete_volume(VolumeId=v)
+        for s in subnets:
+            ec2.delete_subnet(SubnetId=s)
+        for v in vpcs:
+            ec2.delete_vpc(VpcId=v)

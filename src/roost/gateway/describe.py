@@ -135,6 +135,14 @@ def paginate(items: Iterable[T], page: Page, key: Callable[[T], str]) -> Paged[T
     return Paged(tuple(i for _, i in chunk), encode_token(chunk[-1][0]))
 
 
+def page_of(found: Sequence[T], page: Page, key: Callable[[T], str]) -> Paged[T]:
+    """`paginate` when the request asked for a page (MaxResults or NextToken); else
+    everything in the order found, as before paging was asked for."""
+    if page.max_results is None and page.next_token is None:
+        return Paged(tuple(found))
+    return paginate(found, page, key)
+
+
 def _first(pair: tuple[str, object]) -> str:
     return pair[0]
 

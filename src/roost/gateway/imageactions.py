@@ -29,8 +29,9 @@ from roost.domain.images import (
 from roost.domain.volumes import DEFAULT_ROOT_DEVICE, VOLUME_TYPES, size_error, valid_device
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
-from roost.gateway.describe import Field, apply_filters
+from roost.gateway.describe import Field, apply_filters, page_of
 from roost.gateway.images import ImageStore, now
+from roost.gateway.model import Paged
 from roost.gateway.netrequests import IMAGE_ROOT_GIB, resource_tags
 from roost.gateway.query import Params
 from roost.gateway.service import DRY_RUN
@@ -145,10 +146,10 @@ def _fields(store: ImageStore) -> dict[str, Field[Image]]:
     }
 
 
-def describe(store: ImageStore, p: Params) -> list[Image]:
-    """ImageId.N, Owner.N (account ids or ``self``), ExecutableBy.N and filters. A
-    registered image is its owner's (private); the built-ins are public."""
-    req = rq.parse_describe_named(p, "ImageId")
+def describe(store: ImageStore, p: Params) -> Paged[Image]:
+    """ImageId.N, Owner.N (account ids or ``self``), ExecutableBy.N, filters and a page.
+    A registered image is its owner's (private); the built-ins are public."""
+    req = rq.parse_describe_listed(p, "ImageId", "DescribeImages")
     if req.dry_run:
         raise DryRunOperation(DRY_RUN)
     chosen = ([store.require(i) for i in dict.fromkeys(req.ids)] if req.ids
@@ -156,7 +157,8 @@ def describe(store: ImageStore, p: Params) -> list[Image]:
     owners = {account(store.owner_id) if o == "self" else o for o in p.values("Owner")}
     if owners:
         chosen = [i for i in chosen if store.owner(i) in owners]
-    return apply_filters(chosen, req.filters, _fields(store), tags=lambda i: dict(i.tags))
+    found = apply_filters(chosen, req.filters, _fields(store), tags=lambda i: dict(i.tags))
+    return page_of(found, req.page, key=lambda i: i.image_id)
 
 
 def _tags(tags: Iterable[tuple[str, str]]) -> Fragment:
@@ -174,7 +176,8 @@ def _root_mapping(image: Image) -> Fragment:
                + text("volumeType", image.root_volume_type) + text("encrypted", False))])
 
 
-def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> str:
+def images_xml(found: Iterable[Image], store: ImageStore, request_id: str,
+               next_token: str | None = None) -> str:
     return response("DescribeImages", request_id, items("imagesSet", (
         text("imageId", i.image_id) + text("imageLocation", i.location)
         + text("imageState", "available") + text("imageOwnerId", store.owner(i))
@@ -187,7 +190,7 @@ def images_xml(found: Iterable[Image], store: ImageStore, request_id: str) -> st
         + text("platformDetails", "Linux/UNIX") + text("enaSupport", True)
         + (_tags(i.tags) if i.tags else Fragment(""))
         for i in found
-    )))
+    )), text("nextToken", next_token))
 
 
 # -- the actions -------------------------------------------------------------------------
@@ -202,7 +205,8 @@ async def register_image(c: Call) -> str:
 
 
 async def describe_images(c: Call) -> str:
-    return images_xml(describe(c.service.images, c.params), c.service.images, c.request_id)
+    page = describe(c.service.images, c.params)
+    return images_xml(page.items, c.service.images, c.request_id, page.next_token)
 
 
 async def deregister_image(c: Call) -> str:

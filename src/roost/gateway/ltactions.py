@@ -9,7 +9,7 @@ from roost.gateway import netrequests as nq
 from roost.gateway import requests as rq
 from roost.gateway import shapes
 from roost.gateway.call import Action, Call
-from roost.gateway.describe import Field, apply_filters
+from roost.gateway.describe import Field, apply_filters, page_of
 from roost.gateway.query import Params
 from roost.gateway.tagging import specified
 from roost.gateway.templates import (
@@ -102,7 +102,7 @@ async def create_launch_template_version(c: Call) -> str:
 
 
 async def describe_launch_templates(c: Call) -> str:
-    req = rq.DescribeRequest(tuple(c.params.values("LaunchTemplateId")), rq.filters(c.params))
+    req = rq.parse_describe_listed(c.params, "LaunchTemplateId", "DescribeLaunchTemplates")
     names = c.params.values("LaunchTemplateName")
     store = _store(c)
     if req.ids or names:
@@ -111,8 +111,10 @@ async def describe_launch_templates(c: Call) -> str:
     else:
         chosen = store.all()
     found = apply_filters(chosen, req.filters, TEMPLATE_FIELDS, tags=lambda t: t.tags)
+    page = page_of(found, req.page, key=lambda t: t.template_id)
     return response("DescribeLaunchTemplates", c.request_id,
-                    items("launchTemplates", map(template_xml, found)))
+                    items("launchTemplates", map(template_xml, page.items)),
+                    text("nextToken", page.next_token))
 
 
 async def describe_launch_template_versions(c: Call) -> str:

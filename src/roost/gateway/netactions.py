@@ -6,6 +6,7 @@ from roost.gateway import netrender as nr
 from roost.gateway import netrequests as nq
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
+from roost.gateway.describe import page_of
 
 
 def _region(c: Call) -> str:
@@ -34,8 +35,9 @@ async def create_default_subnet(c: Call) -> str:
 
 
 async def describe_vpcs(c: Call) -> str:
-    found = c.reads.net.vpcs(rq.parse_describe_named(c.params, "VpcId"))
-    return nr.vpcs(found, c.request_id)
+    req = rq.parse_describe_listed(c.params, "VpcId", "DescribeVpcs")
+    page = page_of(c.reads.net.vpcs(req), req.page, key=lambda v: v.vpc_id)
+    return nr.vpcs(page.items, c.request_id, page.next_token)
 
 
 async def create_subnet(c: Call) -> str:
@@ -56,8 +58,10 @@ async def modify_subnet_attribute(c: Call) -> str:
 
 
 async def describe_subnets(c: Call) -> str:
-    found = c.reads.net.subnets(rq.parse_describe_named(c.params, "SubnetId"))
-    return nr.subnets(c.reads.net.with_free(found), _region(c), c.request_id)
+    req = rq.parse_describe_listed(c.params, "SubnetId", "DescribeSubnets")
+    page = page_of(c.reads.net.subnets(req), req.page, key=lambda s: s.subnet_id)
+    return nr.subnets(c.reads.net.with_free(list(page.items)), _region(c), c.request_id,
+                      page.next_token)
 
 
 async def create_security_group(c: Call) -> str:
@@ -71,9 +75,10 @@ async def delete_security_group(c: Call) -> str:
 
 
 async def describe_security_groups(c: Call) -> str:
-    req = rq.parse_describe_named(c.params, "GroupId")
-    return nr.groups(c.reads.net.groups(req, c.params.values("GroupName")), _region(c),
-                     c.request_id)
+    req = rq.parse_describe_listed(c.params, "GroupId", "DescribeSecurityGroups")
+    page = page_of(c.reads.net.groups(req, c.params.values("GroupName")), req.page,
+                   key=lambda g: g.group_id)
+    return nr.groups(page.items, _region(c), c.request_id, page.next_token)
 
 
 def _rules(action: str, *, egress: bool, revoke: bool) -> Action:

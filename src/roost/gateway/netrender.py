@@ -46,8 +46,9 @@ def _ipv6_set(cidr: str, association_id: str, extra: Fragment) -> Fragment:
         + node("ipv6CidrBlockState", text("state", "associated")) + extra])
 
 
-def vpcs(found: Iterable[Vpc], request_id: str) -> str:
-    return response("DescribeVpcs", request_id, items("vpcSet", map(vpc, found)))
+def vpcs(found: Iterable[Vpc], request_id: str, next_token: str | None = None) -> str:
+    return response("DescribeVpcs", request_id, items("vpcSet", map(vpc, found)),
+                    text("nextToken", next_token))
 
 
 def created_vpc(v: Vpc, request_id: str, action: str = "CreateVpc") -> str:
@@ -75,9 +76,11 @@ def subnet(s: Subnet, free: int, region: str) -> Fragment:
     ]))
 
 
-def subnets(found: Iterable[tuple[Subnet, int]], region: str, request_id: str) -> str:
+def subnets(found: Iterable[tuple[Subnet, int]], region: str, request_id: str,
+            next_token: str | None = None) -> str:
     return response("DescribeSubnets", request_id,
-                    items("subnetSet", (subnet(s, free, region) for s, free in found)))
+                    items("subnetSet", (subnet(s, free, region) for s, free in found)),
+                    text("nextToken", next_token))
 
 
 def created_subnet(s: Subnet, region: str, request_id: str, action: str = "CreateSubnet"
@@ -121,9 +124,11 @@ def group(g: SecurityGroup, region: str) -> Fragment:
     ]))
 
 
-def groups(found: Iterable[SecurityGroup], region: str, request_id: str) -> str:
+def groups(found: Iterable[SecurityGroup], region: str, request_id: str,
+           next_token: str | None = None) -> str:
     return response("DescribeSecurityGroups", request_id,
-                    items("securityGroupInfo", (group(g, region) for g in found)))
+                    items("securityGroupInfo", (group(g, region) for g in found)),
+                    text("nextToken", next_token))
 
 
 def created_group(g: SecurityGroup, region: str, request_id: str) -> str:

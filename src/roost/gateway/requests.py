@@ -155,14 +155,35 @@ def filters(p: Params) -> tuple[Filter, ...]:
     return tuple(out)
 
 
-def _page(p: Params, *, low: int, high: int) -> Page:
+def _page(p: Params, *, low: int, high: int | None) -> Page:
+    """MaxResults within [low, high] (``high`` None: no upper bound is refused, and a
+    page holds at most `LARGEST_PAGE`), and NextToken."""
     n = p.integer("MaxResults")
-    if n is not None and not low <= n <= high:
+    if n is not None and not low <= n <= (high or n):
+        limits = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise InvalidParameterValue(
-            f"Value ( {n} ) for parameter maxResults is invalid. "
-            f"Expecting a value between {low} and {high}."
+            f"Value ( {n} ) for parameter maxResults is invalid. Expecting a value {limits}."
         )
+    if n is not None and high is None:
+        n = min(n, LARGEST_PAGE)
     return Page(n, p.get("NextToken") or None)
+
+
+LARGEST_PAGE = 1000
+
+PAGE_SIZES: dict[str, tuple[int, int | None]] = {
+    "DescribeVpcs": (5, 1000),
+    "DescribeSubnets": (5, 1000),
+    "DescribeSecurityGroups": (5, 1000),
+    "DescribeNetworkInterfaces": (5, 1000),
+    "DescribeRouteTables": (5, 100),
+    "DescribeNetworkAcls": (5, 1000),
+    "DescribeLaunchTemplates": (1, 200),
+    "DescribeVolumes": (1, None),
+    "DescribeImages": (1, None),
+}
+"""MaxResults' bounds for the Describe calls of records other than instances, as EC2's
+API model gives them (None where it gives no upper bound)."""
 
 
 def _user_data(raw: str) -> str:
@@ -310,8 +331,16 @@ def parse_describe_offerings(p: Params) -> DescribeRequest:
 
 
 def parse_describe_named(p: Params, list_name: str) -> DescribeRequest:
-    """Zones, regions and images: names or ids, filters, no paging."""
+    """Zones and regions: names or ids, filters, no paging."""
     return DescribeRequest(tuple(p.values(list_name)), filters(p), dry_run=p.flag("DryRun"))
+
+
+def parse_describe_listed(p: Params, list_name: str, action: str) -> DescribeRequest:
+    """Ids (``<list_name>.N``), filters and a page (`PAGE_SIZES`): the Describe calls of
+    VPCs, subnets, groups, interfaces, route tables, ACLs, volumes, images, templates."""
+    low, high = PAGE_SIZES[action]
+    return DescribeRequest(tuple(p.values(list_name)), filters(p),
+                           _page(p, low=low, high=high), dry_run=p.flag("DryRun"))
 
 
 def parse_describe_tags(p: Params) -> DescribeRequest:

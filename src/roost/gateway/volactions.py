@@ -9,6 +9,7 @@ from roost.bus.schemas import InstanceRecord
 from roost.domain.volumes import Volume
 from roost.gateway import requests as rq
 from roost.gateway.call import Action, Call
+from roost.gateway.describe import page_of
 from roost.gateway.render import Devices, block_devices, root_volume_id
 from roost.gateway.volservice import VolumeService, parse_create_volume, volume_id
 from roost.gateway.xml import Fragment, items, response, text, timestamp
@@ -82,8 +83,10 @@ async def delete_volume(c: Call) -> str:
 
 
 async def describe_volumes(c: Call) -> str:
-    found = c.service.volumes.describe(rq.parse_describe_named(c.params, "VolumeId"))
-    return response("DescribeVolumes", c.request_id, items("volumeSet", map(volume, found)))
+    req = rq.parse_describe_listed(c.params, "VolumeId", "DescribeVolumes")
+    page = page_of(c.service.volumes.describe(req), req.page, key=lambda v: v.volume_id)
+    return response("DescribeVolumes", c.request_id, items("volumeSet", map(volume, page.items)),
+                    text("nextToken", page.next_token))
 
 
 VOLUME_ACTIONS: dict[str, Action] = {

@@ -12,15 +12,16 @@ from roost.domain.errors import (
     ClientError,
     InvalidNetworkAclIDNotFound,
     InvalidNetworkInterfaceIDNotFound,
+    InvalidParameterCombination,
     InvalidParameterValue,
     InvalidRouteTableIDNotFound,
 )
 from roost.domain.network import Subnet, Vpc
 from roost.gateway.call import Action, Call
-from roost.gateway.describe import Field, apply_filters
+from roost.gateway.describe import Field, apply_filters, page_of
 from roost.gateway.netrequests import check_id
 from roost.gateway.render import has_interface, interface, interface_id
-from roost.gateway.requests import filters
+from roost.gateway.requests import parse_describe_listed
 from roost.gateway.xml import Fragment, items, node, response, text
 
 
@@ -103,24 +104,26 @@ def network_acl(v: Vpc, subnets: Iterable[Subnet]) -> Fragment:
 
 async def describe_route_tables(c: Call) -> str:
     store = c.service.net.store
-    wanted = c.params.values("RouteTableId")
-    vpcs = [v for v in store.vpcs() if not wanted or route_table_id(v) in wanted]
-    _missing(wanted, map(route_table_id, vpcs), InvalidRouteTableIDNotFound, "route table ID")
-    found = apply_filters(vpcs, filters(c.params), ROUTE_FIELDS)
+    req = parse_describe_listed(c.params, "RouteTableId", "DescribeRouteTables")
+    vpcs = [v for v in store.vpcs() if not req.ids or route_table_id(v) in req.ids]
+    _missing(req.ids, map(route_table_id, vpcs), InvalidRouteTableIDNotFound, "route table ID")
+    page = page_of(apply_filters(vpcs, req.filters, ROUTE_FIELDS), req.page, route_table_id)
     subnets = store.subnets()
     return response("DescribeRouteTables", c.request_id,
-                    items("routeTableSet", (route_table(v, subnets) for v in found)))
+                    items("routeTableSet", (route_table(v, subnets) for v in page.items)),
+                    text("nextToken", page.next_token))
 
 
 async def describe_network_acls(c: Call) -> str:
     store = c.service.net.store
-    wanted = c.params.values("NetworkAclId")
-    vpcs = [v for v in store.vpcs() if not wanted or network_acl_id(v) in wanted]
-    _missing(wanted, map(network_acl_id, vpcs), InvalidNetworkAclIDNotFound, "network ACL ID")
-    found = apply_filters(vpcs, filters(c.params), ACL_FIELDS)
+    req = parse_describe_listed(c.params, "NetworkAclId", "DescribeNetworkAcls")
+    vpcs = [v for v in store.vpcs() if not req.ids or network_acl_id(v) in req.ids]
+    _missing(req.ids, map(network_acl_id, vpcs), InvalidNetworkAclIDNotFound, "network ACL ID")
+    page = page_of(apply_filters(vpcs, req.filters, ACL_FIELDS), req.page, network_acl_id)
     subnets = store.subnets()
     return response("DescribeNetworkAcls", c.request_id,
-                    items("networkAclSet", (network_acl(v, subnets) for v in found)))
+                    items("networkAclSet", (network_acl(v, subnets) for v in page.items)),
+                    text("nextToken", page.next_token))
 
 
 _VPC_ATTRIBUTES = ("enableDnsSupport", "enableDnsHostnames",
@@ -140,15 +143,20 @@ async def describe_vpc_attribute(c: Call) -> str:
 
 
 async def describe_network_interfaces(c: Call) -> str:
-    wanted = c.params.values("NetworkInterfaceId")
+    req = parse_describe_listed(c.params, "NetworkInterfaceId", "DescribeNetworkInterfaces")
+    if req.ids and req.page.max_results is not None:
+        raise InvalidParameterCombination("The parameter networkInterfaceIdSet cannot be "
+                                          "used with the parameter maxResults")
     recs = [r for r in c.service.index.all() if has_interface(r)
-            and (not wanted or interface_id(r.instance_id) in wanted)]
-    _missing(wanted, (interface_id(r.instance_id) for r in recs),
+            and (not req.ids or interface_id(r.instance_id) in req.ids)]
+    _missing(req.ids, (interface_id(r.instance_id) for r in recs),
              InvalidNetworkInterfaceIDNotFound, "network interface ID")
-    found = apply_filters(recs, filters(c.params), NIC_FIELDS)
+    page = page_of(apply_filters(recs, req.filters, NIC_FIELDS), req.page,
+                   lambda r: interface_id(r.instance_id))
     names = c.service.net.group_names()
     return response("DescribeNetworkInterfaces", c.request_id, items(
-        "networkInterfaceSet", (interface(r, names, standalone=True) for r in found)))
+        "networkInterfaceSet", (interface(r, names, standalone=True) for r in page.items)),
+        text("nextToken", page.next_token))
 
 
 VPC_EXTRA_ACTIONS: dict[str, Action] = {
