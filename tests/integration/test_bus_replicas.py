@@ -10,9 +10,20 @@ from pathlib import Path
 
 import pytest
 from nats.js.api import KeyValueConfig
+from nats.js.errors import NoStreamResponseError
+from nats.js.kv import KeyValue
 
 from roost.bus.connect import connect, key_value
 from roost.embedded import NatsCluster, NatsServer
+from tests.polling import until
+
+
+async def _put(kv: KeyValue) -> bool:
+    try:
+        await kv.put("k", b"v")
+    except NoStreamResponseError:
+        return False
+    return True
 
 
 async def _copies(url: str, bucket: str) -> int:
@@ -39,7 +50,7 @@ async def test_a_client_that_connected_before_the_cluster_formed_makes_three_cop
             for s in rest:
                 s.start()
             kv = await key_value(nc, "early")
-            await kv.put("k", b"v")
+            await until("the new bucket takes a put", lambda: _put(kv))
             info = await nc.jetstream().stream_info("KV_early")
             assert info.config.num_replicas == 3
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2
@@ -63,7 +74,9 @@ async def test_a_bucket_found_with_fewer_copies_is_warned_of(
             await key_value(nc, "warm")  # JetStream has its meta leader
             js = nc.jetstream()
             kv = await js.create_key_value(KeyValueConfig(bucket="old", replicas=1))
-            await kv.put("k", b"v")
+            # The new stream's interest reaches the connected server over a route: a
+            # put at once may find no responder yet.
+            await until("the new bucket takes a put", lambda: _put(kv))
             # A connection made once the cluster has formed, so that its server names
             # all three (the count the warning gives).
             nc2 = await connect([cluster.urls[0]], name="replicas-test")
