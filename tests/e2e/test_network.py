@@ -779,16 +779,21 @@ def test_an_images_root_mapping_is_its_instances_default(ec2: Any, tmp_path: Any
 
 def _paged(ec2: Any, operation: str, key: str, field: str, size: int, **kw: Any
            ) -> list[list[str]]:
-    """The ids of each page boto3's paginator reads at ``size`` a page."""
-    pages = ec2.get_paginator(operation).paginate(PaginationConfig={"PageSize": size}, **kw)
+    """The ids of each page boto3's paginator reads at ``size`` a page; only the last
+    page has no NextToken."""
+    pages = list(ec2.get_paginator(operation).paginate(PaginationConfig={"PageSize": size},
+                                                       **kw))
+    assert [bool(p.get("NextToken")) for p in pages] == [True] * (len(pages) - 1) + [False]
     return [[item[field] for item in page[key]] for page in pages]
 
 
 def test_every_describe_pages_with_max_results_and_next_token(
         ec2: Any, cluster: ThreadedCluster) -> None:
     """boto3's paginators read every VPC, subnet, group, route table, ACL, volume,
-    image and launch template once, over more than one page; MaxResults out of EC2's
-    bounds is refused; without MaxResults all come in one answer, as before."""
+    interface, image and launch template once, over more than one page, the last
+    without a token; MaxResults out of EC2's bounds, a token of another call, and ids
+    with MaxResults where EC2 refuses them are refused; without MaxResults all come in
+    one answer, as before."""
     vpcs = [ec2.create_vpc(CidrBlock=f"10.{200 + i}.0.0/16")["Vpc"]["VpcId"] for i in range(6)]
     subnets = [ec2.create_subnet(VpcId=vpcs[0], CidrBlock=f"10.200.{i}.0/24")["Subnet"]
                ["SubnetId"] for i in range(6)]
@@ -797,6 +802,7 @@ def test_every_describe_pages_with_max_results_and_next_token(
     templates = [ec2.create_launch_template(
         LaunchTemplateName=f"paged-{i}", LaunchTemplateData={"InstanceType": "t3.micro"},
     )["LaunchTemplate"]["LaunchTemplateId"] for i in range(3)]
+    instances = [i["InstanceId"] for i in run(ec2, 6)]  # their interfaces
     try:
         for operation, key, field, size in [
             ("describe_vpcs", "Vpcs", "VpcId", 5),
@@ -804,6 +810,7 @@ def test_every_describe_pages_with_max_results_and_next_token(
             ("describe_security_groups", "SecurityGroups", "GroupId", 5),
             ("describe_route_tables", "RouteTables", "RouteTableId", 5),
             ("describe_network_acls", "NetworkAcls", "NetworkAclId", 5),
+            ("describe_network_interfaces", "NetworkInterfaces", "NetworkInterfaceId", 5),
             ("describe_volumes", "Volumes", "VolumeId", 5),
             ("describe_images", "Images", "ImageId", 1),
             ("describe_launch_templates", "LaunchTemplates", "LaunchTemplateId", 2),
@@ -818,11 +825,17 @@ def test_every_describe_pages_with_max_results_and_next_token(
         fails("InvalidParameterValue", raw.describe_vpcs, MaxResults=4)
         fails("InvalidParameterValue", raw.describe_route_tables, MaxResults=101)
         fails("InvalidParameterValue", raw.describe_launch_templates, MaxResults=201)
-        fails("InvalidParameterValue", raw.describe_volumes, MaxResults=0)
+        fails("InvalidParameterValue", raw.describe_volumes, MaxResults=4)
         fails("InvalidPaginationToken", ec2.describe_subnets, MaxResults=5, NextToken="%%")
-        fails("InvalidParameterCombination", ec2.describe_network_interfaces,
-              NetworkInterfaceIds=["eni-0123456789abcdef0"], MaxResults=5)
+        vpc_token = ec2.describe_vpcs(MaxResults=5)["NextToken"]
+        fails("InvalidPaginationToken", ec2.describe_subnets, MaxResults=5, NextToken=vpc_token)
+        for call, ids in [(ec2.describe_network_interfaces,
+                           {"NetworkInterfaceIds": ["eni-0123456789abcdef0"]}),
+                          (ec2.describe_volumes, {"VolumeIds": volumes[:1]}),
+                          (ec2.describe_images, {"ImageIds": [IMAGE]})]:
+            fails("InvalidParameterCombination", call, MaxResults=5, **ids)
     finally:
+        ec2.terminate_instances(InstanceIds=instances)
         for t in templates:
             ec2.delete_launch_template(LaunchTemplateId=t)
         for v in volumes:

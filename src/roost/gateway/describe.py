@@ -135,12 +135,18 @@ def paginate(items: Iterable[T], page: Page, key: Callable[[T], str]) -> Paged[T
     return Paged(tuple(i for _, i in chunk), encode_token(chunk[-1][0]))
 
 
-def page_of(found: Sequence[T], page: Page, key: Callable[[T], str]) -> Paged[T]:
-    """`paginate` when the request asked for a page (MaxResults or NextToken); else
-    everything in the order found, as before paging was asked for."""
+def page_of(found: Sequence[T], page: Page, key: Callable[[T], str], kind: str
+            ) -> Paged[T]:
+    """`paginate` by ``key`` when the request asked for a page (MaxResults or
+    NextToken); else everything in the order found, as before paging was asked for.
+    The token names ``kind`` too: one from another Describe call is refused rather
+    than read as a place in this one's list."""
     if page.max_results is None and page.next_token is None:
         return Paged(tuple(found))
-    return paginate(found, page, key)
+    if page.next_token is not None and not decode_token(page.next_token).startswith(
+            kind + ":"):
+        raise InvalidPaginationToken(f"Invalid pagination token: {page.next_token}")
+    return paginate(found, page, lambda item: f"{kind}:{key(item)}")
 
 
 def _first(pair: tuple[str, object]) -> str:

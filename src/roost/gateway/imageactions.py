@@ -147,8 +147,8 @@ def _fields(store: ImageStore) -> dict[str, Field[Image]]:
 
 
 def describe(store: ImageStore, p: Params) -> Paged[Image]:
-    """ImageId.N, Owner.N (account ids or ``self``), ExecutableBy.N, filters and a page.
-    A registered image is its owner's (private); the built-ins are public."""
+    """ImageId.N, Owner.N (account ids or ``self``), filters and a page (ExecutableBy.N is
+    not read). A registered image is its owner's (private); the built-ins are public."""
     req = rq.parse_describe_listed(p, "ImageId", "DescribeImages")
     if req.dry_run:
         raise DryRunOperation(DRY_RUN)
@@ -158,7 +158,7 @@ def describe(store: ImageStore, p: Params) -> Paged[Image]:
     if owners:
         chosen = [i for i in chosen if store.owner(i) in owners]
     found = apply_filters(chosen, req.filters, _fields(store), tags=lambda i: dict(i.tags))
-    return page_of(found, req.page, key=lambda i: i.image_id)
+    return page_of(found, req.page, key=lambda i: i.image_id, kind="ami")
 
 
 def _tags(tags: Iterable[tuple[str, str]]) -> Fragment:

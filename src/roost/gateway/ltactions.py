@@ -111,7 +111,7 @@ async def describe_launch_templates(c: Call) -> str:
     else:
         chosen = store.all()
     found = apply_filters(chosen, req.filters, TEMPLATE_FIELDS, tags=lambda t: t.tags)
-    page = page_of(found, req.page, key=lambda t: t.template_id)
+    page = page_of(found, req.page, key=lambda t: t.template_id, kind="lt")
     return response("DescribeLaunchTemplates", c.request_id,
                     items("launchTemplates", map(template_xml, page.items)),
                     text("nextToken", page.next_token))

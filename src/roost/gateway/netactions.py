@@ -36,7 +36,7 @@ async def create_default_subnet(c: Call) -> str:
 
 async def describe_vpcs(c: Call) -> str:
     req = rq.parse_describe_listed(c.params, "VpcId", "DescribeVpcs")
-    page = page_of(c.reads.net.vpcs(req), req.page, key=lambda v: v.vpc_id)
+    page = page_of(c.reads.net.vpcs(req), req.page, key=lambda v: v.vpc_id, kind="vpc")
     return nr.vpcs(page.items, c.request_id, page.next_token)
 
 
@@ -59,7 +59,8 @@ async def modify_subnet_attribute(c: Call) -> str:
 
 async def describe_subnets(c: Call) -> str:
     req = rq.parse_describe_listed(c.params, "SubnetId", "DescribeSubnets")
-    page = page_of(c.reads.net.subnets(req), req.page, key=lambda s: s.subnet_id)
+    page = page_of(c.reads.net.subnets(req), req.page, key=lambda s: s.subnet_id,
+                   kind="subnet")
     return nr.subnets(c.reads.net.with_free(list(page.items)), _region(c), c.request_id,
                       page.next_token)
 
@@ -77,7 +78,7 @@ async def delete_security_group(c: Call) -> str:
 async def describe_security_groups(c: Call) -> str:
     req = rq.parse_describe_listed(c.params, "GroupId", "DescribeSecurityGroups")
     page = page_of(c.reads.net.groups(req, c.params.values("GroupName")), req.page,
-                   key=lambda g: g.group_id)
+                   key=lambda g: g.group_id, kind="sg")
     return nr.groups(page.items, _region(c), c.request_id, page.next_token)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -179,11 +179,21 @@ PAGE_SIZES: dict[str, tuple[int, int | None]] = {
     "DescribeRouteTables": (5, 100),
     "DescribeNetworkAcls": (5, 1000),
     "DescribeLaunchTemplates": (1, 200),
-    "DescribeVolumes": (1, None),
+    "DescribeVolumes": (5, None),
     "DescribeImages": (1, None),
 }
 """MaxResults' bounds for the Describe calls of records other than instances, as EC2's
-API model gives them (None where it gives no upper bound)."""
+API model gives them. It gives none for volumes and images: volumes take EC2's
+documented least, 5; images roost's, 1; neither refuses a large one (None), which
+pages `LARGEST_PAGE`."""
+
+IDS_NOT_WITH_MAX_RESULTS = {
+    "DescribeNetworkInterfaces": "networkInterfaceIdSet",
+    "DescribeVolumes": "volumeSet",
+    "DescribeImages": "imagesSet",
+}
+"""The Describe calls that, as EC2, refuse their ids with MaxResults (the set's name
+as the error gives it)."""
 
 
 def _user_data(raw: str) -> str:
@@ -296,11 +306,14 @@ def _ids_or_page(p: Params) -> tuple[tuple[str, ...], Page]:
     that take either)."""
     ids = instance_ids(p.values("InstanceId"))
     page = _page(p, low=5, high=1000)
+    _ids_or_max_results(ids, page, "instancesSet")
+    return ids, page
+
+
+def _ids_or_max_results(ids: Sequence[str], page: Page, set_name: str) -> None:
     if ids and page.max_results is not None:
         raise InvalidParameterCombination(
-            "The parameter instancesSet cannot be used with the parameter maxResults"
-        )
-    return ids, page
+            f"The parameter {set_name} cannot be used with the parameter maxResults")
 
 
 def parse_describe_instances(p: Params) -> DescribeRequest:
@@ -339,8 +352,10 @@ def parse_describe_listed(p: Params, list_name: str, action: str) -> DescribeReq
     """Ids (``<list_name>.N``), filters and a page (`PAGE_SIZES`): the Describe calls of
     VPCs, subnets, groups, interfaces, route tables, ACLs, volumes, images, templates."""
     low, high = PAGE_SIZES[action]
-    return DescribeRequest(tuple(p.values(list_name)), filters(p),
-                           _page(p, low=low, high=high), dry_run=p.flag("DryRun"))
+    ids, page = tuple(p.values(list_name)), _page(p, low=low, high=high)
+    if action in IDS_NOT_WITH_MAX_RESULTS:
+        _ids_or_max_results(ids, page, IDS_NOT_WITH_MAX_RESULTS[action])
+    return DescribeRequest(ids, filters(p), page, dry_run=p.flag("DryRun"))
 
 
 def parse_describe_tags(p: Params) -> DescribeRequest:

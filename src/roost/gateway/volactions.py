@@ -84,7 +84,8 @@ async def delete_volume(c: Call) -> str:
 
 async def describe_volumes(c: Call) -> str:
     req = rq.parse_describe_listed(c.params, "VolumeId", "DescribeVolumes")
-    page = page_of(c.service.volumes.describe(req), req.page, key=lambda v: v.volume_id)
+    page = page_of(c.service.volumes.describe(req), req.page, key=lambda v: v.volume_id,
+                   kind="vol")
     return response("DescribeVolumes", c.request_id, items("volumeSet", map(volume, page.items)),
                     text("nextToken", page.next_token))
 

@@ -12,7 +12,6 @@ from roost.domain.errors import (
     ClientError,
     InvalidNetworkAclIDNotFound,
     InvalidNetworkInterfaceIDNotFound,
-    InvalidParameterCombination,
     InvalidParameterValue,
     InvalidRouteTableIDNotFound,
 )
@@ -107,7 +106,8 @@ async def describe_route_tables(c: Call) -> str:
     req = parse_describe_listed(c.params, "RouteTableId", "DescribeRouteTables")
     vpcs = [v for v in store.vpcs() if not req.ids or route_table_id(v) in req.ids]
     _missing(req.ids, map(route_table_id, vpcs), InvalidRouteTableIDNotFound, "route table ID")
-    page = page_of(apply_filters(vpcs, req.filters, ROUTE_FIELDS), req.page, route_table_id)
+    page = page_of(apply_filters(vpcs, req.filters, ROUTE_FIELDS), req.page, route_table_id,
+                   "rtb")
     subnets = store.subnets()
     return response("DescribeRouteTables", c.request_id,
                     items("routeTableSet", (route_table(v, subnets) for v in page.items)),
@@ -119,7 +119,8 @@ async def describe_network_acls(c: Call) -> str:
     req = parse_describe_listed(c.params, "NetworkAclId", "DescribeNetworkAcls")
     vpcs = [v for v in store.vpcs() if not req.ids or network_acl_id(v) in req.ids]
     _missing(req.ids, map(network_acl_id, vpcs), InvalidNetworkAclIDNotFound, "network ACL ID")
-    page = page_of(apply_filters(vpcs, req.filters, ACL_FIELDS), req.page, network_acl_id)
+    page = page_of(apply_filters(vpcs, req.filters, ACL_FIELDS), req.page, network_acl_id,
+                   "acl")
     subnets = store.subnets()
     return response("DescribeNetworkAcls", c.request_id,
                     items("networkAclSet", (network_acl(v, subnets) for v in page.items)),
@@ -144,15 +145,12 @@ async def describe_vpc_attribute(c: Call) -> str:
 
 async def describe_network_interfaces(c: Call) -> str:
     req = parse_describe_listed(c.params, "NetworkInterfaceId", "DescribeNetworkInterfaces")
-    if req.ids and req.page.max_results is not None:
-        raise InvalidParameterCombination("The parameter networkInterfaceIdSet cannot be "
-                                          "used with the parameter maxResults")
     recs = [r for r in c.service.index.all() if has_interface(r)
             and (not req.ids or interface_id(r.instance_id) in req.ids)]
     _missing(req.ids, (interface_id(r.instance_id) for r in recs),
              InvalidNetworkInterfaceIDNotFound, "network interface ID")
     page = page_of(apply_filters(recs, req.filters, NIC_FIELDS), req.page,
-                   lambda r: interface_id(r.instance_id))
+                   lambda r: interface_id(r.instance_id), "eni")
     names = c.service.net.group_names()
     return response("DescribeNetworkInterfaces", c.request_id, items(
         "networkInterfaceSet", (interface(r, names, standalone=True) for r in page.items)),
