@@ -67,14 +67,16 @@ def test_exact_values_wildcards_and_escapes_mix_in_one_filter() -> None:
 
 def test_pages_follow_the_last_key() -> None:
     items = [f"k{i:02d}" for i in range(12)]
-    first = paginate(items, Page(5), key=str)
+    first = paginate(items, Page(5), key=str, kind="t")
     assert first.items == tuple(items[:5]) and first.next_token
-    second = paginate([*items, "k00a"], Page(5, first.next_token), key=str)
+    second = paginate([*items, "k00a"], Page(5, first.next_token), key=str, kind="t")
     assert second.items[0] == "k05"  # an insert before the cursor does not shift pages
-    last = paginate(items, Page(5, paginate(items, Page(10), key=str).next_token), key=str)
+    tenth = paginate(items, Page(10), key=str, kind="t").next_token
+    last = paginate(items, Page(5, tenth), key=str, kind="t")
     assert last.items == ("k10", "k11") and last.next_token is None
-    with pytest.raises(InvalidPaginationToken):
-        paginate(items, Page(5, "not a token"), key=str)
+    for bad in ("not a token", tenth):  # the second, another kind's
+        with pytest.raises(InvalidPaginationToken):
+            paginate(items, Page(5, bad), key=str, kind="u")
 
 
 class Clock:

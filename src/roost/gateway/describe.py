@@ -114,15 +114,20 @@ def decode_token(token: str) -> str:
     return raw[3:]
 
 
-def paginate(items: Iterable[T], page: Page, key: Callable[[T], str]) -> Paged[T]:
+def paginate(items: Iterable[T], page: Page, key: Callable[[T], str], kind: str
+             ) -> Paged[T]:
     """Items in ``key`` order, from after the token's key, at most ``max_results``.
 
     The token names the last key served rather than an offset, so a record that
-    appears or goes between two pages neither repeats nor hides another.
+    appears or goes between two pages neither repeats nor hides another. It names
+    ``kind`` too: a token from another Describe call is refused rather than read as a
+    place in this one's list.
     """
     keyed: Iterable[tuple[str, T]] = ((key(i), i) for i in items)
     if page.next_token is not None:
-        after = decode_token(page.next_token)
+        got_kind, sep, after = decode_token(page.next_token).partition(":")
+        if got_kind != kind or not sep:
+            raise InvalidPaginationToken(f"Invalid pagination token: {page.next_token}")
         keyed = (ki for ki in keyed if ki[0] > after)
     if page.max_results is None:
         return Paged(tuple(i for _, i in sorted(keyed, key=_first)))
@@ -132,21 +137,16 @@ def paginate(items: Iterable[T], page: Page, key: Callable[[T], str]) -> Paged[T
     if len(chunk) <= page.max_results:
         return Paged(tuple(i for _, i in chunk))
     chunk = chunk[: page.max_results]
-    return Paged(tuple(i for _, i in chunk), encode_token(chunk[-1][0]))
+    return Paged(tuple(i for _, i in chunk), encode_token(f"{kind}:{chunk[-1][0]}"))
 
 
 def page_of(found: Sequence[T], page: Page, key: Callable[[T], str], kind: str
             ) -> Paged[T]:
-    """`paginate` by ``key`` when the request asked for a page (MaxResults or
-    NextToken); else everything in the order found, as before paging was asked for.
-    The token names ``kind`` too: one from another Describe call is refused rather
-    than read as a place in this one's list."""
+    """`paginate` when the request asked for a page (MaxResults or NextToken); else
+    everything in the order found, as before paging was asked for."""
     if page.max_results is None and page.next_token is None:
         return Paged(tuple(found))
-    if page.next_token is not None and not decode_token(page.next_token).startswith(
-            kind + ":"):
-        raise InvalidPaginationToken(f"Invalid pagination token: {page.next_token}")
-    return paginate(found, page, lambda item: f"{kind}:{key(item)}")
+    return paginate(found, page, key, kind)
 
 
 def _first(pair: tuple[str, object]) -> str:

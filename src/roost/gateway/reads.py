@@ -93,7 +93,7 @@ class Ec2Reads:
             grouped.setdefault(rec.reservation_id, []).append(rec)
         owner = self.service.site.owner_id
         # Paged before the reservations are built: only a page's worth are.
-        page = paginate(grouped.items(), req.page, key=launch_order)
+        page = paginate(grouped.items(), req.page, key=launch_order, kind="r")
         return Paged(tuple(Reservation(rid, recs[0].owner_id or owner,
                                        tuple(sorted(recs, key=lambda r: r.ami_launch_index)))
                            for rid, recs in page.items), page.next_token)
@@ -107,7 +107,7 @@ class Ec2Reads:
             records = [r for r in records if r.state == "running"]
         rows = [InstanceStatusRow(r, self.service.health(r)) for r in records]
         return paginate(apply_filters(rows, req.filters, STATUS_FIELDS), req.page,
-                        key=lambda s: s.record.instance_id)
+                        key=lambda s: s.record.instance_id, kind="i")
 
     async def describe_instance_types(self, req: DescribeRequest) -> Paged[InstanceType]:
         """Every supported type, whatever is free now: a full type is still a type."""
@@ -122,7 +122,7 @@ class Ec2Reads:
             )
         chosen = [types[n] for n in dict.fromkeys(req.ids)] if req.ids else types.values()
         return paginate(apply_filters(chosen, req.filters, TYPE_FIELDS), req.page,
-                        key=lambda t: t.name)
+                        key=lambda t: t.name, kind="type")
 
     async def describe_type_offerings(self, req: DescribeRequest, location_type: str
                                       ) -> Paged[tuple[str, str]]:
@@ -143,7 +143,7 @@ class Ec2Reads:
         fields: dict[str, Field[tuple[str, str]]] = {
             "instance-type": lambda r: [r[0]], "location": lambda r: [r[1]]}
         return paginate(apply_filters(rows, req.filters, fields), req.page,
-                        key=lambda r: f"{r[1]}\0{r[0]}")
+                        key=lambda r: f"{r[1]}\0{r[0]}", kind="offering")
 
     def describe_account_attributes(self, names: tuple[str, ...]
                                     ) -> list[tuple[str, list[str]]]:
@@ -202,7 +202,7 @@ class Ec2Reads:
             rows += [TagRow(store.record_id(x), k, v, kind) for x in found
                      for k, v in x.tags.items()]
         return paginate(apply_filters(rows, req.filters, TAG_FIELDS), req.page,
-                        key=lambda t: f"{t.resource_id}\0{t.key}")
+                        key=lambda t: f"{t.resource_id}\0{t.key}", kind="tag")
 
     async def describe_credit_specifications(self, req: DescribeRequest
                                              ) -> list[InstanceRecord]:
